@@ -1,0 +1,1 @@
+"""One module per `volc-quota-guard` subcommand (see `cli.py`)."""

@@ -1,0 +1,96 @@
+"""Settings, read from the environment (prefix `VQG_`), validated once at startup.
+
+A bad value stops startup with a `ConfigError` that names the variable and its allowed
+range: a quota guard that silently falls back to a default is a guard nobody configured.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VQG_", extra="ignore", frozen=True)
+
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("VQG_REDIS_URL", "REDIS_URL"),
+        description="Shared store; unset = the embedded store (one process only).",
+    )
+    key_prefix: str = Field(default="vqg", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    small_buffer: int = Field(
+        default=50_000,
+        ge=0,
+        le=10_000_000,
+        validation_alias=AliasChoices("VQG_SMALL_BUFFER", "SMALL_BUFFER"),
+        description="Tokens kept back below the free balance (balance wall).",
+    )
+    daily_cap: int = Field(default=2_000_000, ge=1, le=1_000_000_000,
+                           description="Collection cap per pool per Beijing day.")
+    lag_floor_minutes: int = Field(default=20, ge=1, le=1440,
+                                   description="Lowest settlement lag the limit assumes.")
+    reservation_ttl_seconds: int = Field(default=900, ge=10, le=86_400,
+                                         description="After this, an unsettled reservation counts as consumed.")
+    snapshot_max_age_minutes: int = Field(default=90, ge=5, le=1440,
+                                          description="Older snapshots give no headroom.")
+    evict_below: int = Field(default=1_000, ge=0, le=10_000_000,
+                             description="Headroom under which a pool leaves routing.")
+    fail_mode: Literal["closed", "open"] = "closed"
+    default_output_tokens: int = Field(default=8_192, ge=1, le=10_000_000,
+                                       description="Output cap when neither request nor model says.")
+    count_cached_tokens: bool = True
+
+    sync_interval_minutes: int = Field(default=30, ge=1, le=1440)
+    sync_low_interval_minutes: int = Field(default=5, ge=1, le=1440)
+    low_headroom_tokens: int = Field(default=300_000, ge=0, le=1_000_000_000)
+    burst_tokens: int = Field(default=100_000, ge=1, le=1_000_000_000)
+    billing_endpoint: str | None = None
+    billing_region: str = "cn-beijing"
+
+
+# Field name -> (env var, allowed) for error messages.
+def _describe(name: str) -> tuple[str, str]:
+    field = Settings.model_fields[name]
+    env = f"VQG_{name.upper()}"
+    lo = hi = None
+    for m in field.metadata:
+        lo = getattr(m, "ge", lo)
+        hi = getattr(m, "le", hi)
+    if lo is not None and hi is not None:
+        return env, f"an integer from {lo:,} to {hi:,}"
+    if name == "fail_mode":
+        return env, "'closed' or 'open'"
+    if name == "key_prefix":
+        return env, "1-64 characters of A-Z a-z 0-9 _ . : -"
+    if field.annotation is bool:
+        return env, "true or false"
+    return env, "a valid value"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment; raise ConfigError naming the bad variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            name = name.removeprefix("VQG_").lower()
+            if name in Settings.model_fields:
+                env, allowed = _describe(name)
+            else:
+                env, allowed = name, "a valid value"
+            problems.append(f"{env}={err.get('input')!r} is invalid: must be {allowed}")
+        raise ConfigError("; ".join(problems)) from None
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process-wide settings, read on first use."""
+    return load_settings()

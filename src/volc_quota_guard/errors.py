@@ -1,0 +1,59 @@
+"""Every failure the guard raises, under one root.
+
+    QuotaGuardError
+    ├── ConfigError            a setting is missing or out of range (startup stops)
+    ├── StoreUnavailable       Redis (or the embedded store) cannot be reached
+    ├── GateError              the gate script refused its arguments (a bug, never a write)
+    └── BillingError           the Volcengine billing API failed
+        ├── BillingAuthError       credentials are wrong or lack permission
+        ├── BillingThrottled       the API asks us to slow down
+        ├── BillingTransient       5xx, timeouts, connection resets
+        └── BillingMalformed       the answer is not what the API documents
+
+Redis and SDK exceptions are translated where they are caught (`raise … from exc`).
+"""
+
+from __future__ import annotations
+
+
+class QuotaGuardError(Exception):
+    """Root of every error raised by volc_quota_guard."""
+
+
+class ConfigError(QuotaGuardError):
+    """A setting is missing, malformed or out of its allowed range."""
+
+
+class StoreUnavailable(QuotaGuardError):
+    """The shared store (Redis) cannot be reached or answered with a server error."""
+
+
+class GateError(QuotaGuardError):
+    """The gate script rejected its inputs; nothing was written.
+
+    `code` is the script's reason (``bad_amount``, ``bad_id``, ``unknown_pool`` …).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class BillingError(QuotaGuardError):
+    """The Volcengine billing API call failed."""
+
+
+class BillingAuthError(BillingError):
+    """Credentials were rejected or lack the permission to list resource packages."""
+
+
+class BillingThrottled(BillingError):
+    """The billing API throttled us (HTTP 429, FlowLimitExceeded, AccountFlowLimitExceeded)."""
+
+
+class BillingTransient(BillingError):
+    """A failure that may pass on retry: 5xx, timeout, connection error."""
+
+
+class BillingMalformed(BillingError):
+    """The billing API answered with something that is not the documented shape."""

@@ -1,0 +1,270 @@
+"""The gate: one atomic Lua call per verb, checking both walls of a pool.
+
+Scripts live in `resources/lua/` (one verb per file, `_common.lua` prepended) and are bound
+with redis-py's `register_script`, which reloads them after a `SCRIPT FLUSH` (NOSCRIPT).
+`Gate` is for threads (sync, CLI, simulator); `AsyncGate` is for the LiteLLM hook. Both
+share the argument building and answer parsing below, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio as aioredis
+
+from .clock import Clock, ServerClock
+from .errors import GateError, StoreUnavailable
+from .keys import KeySpace, PoolKeys
+
+VERBS = ("reserve", "settle", "release", "snapshot", "status")
+T = TypeVar("T")
+
+
+@cache
+def script_source(verb: str) -> str:
+    lua = resources.files("volc_quota_guard.resources.lua")
+    return lua.joinpath("_common.lua").read_text() + "\n" + lua.joinpath(f"{verb}.lua").read_text()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's answer. `amount` is what was granted, counted or released."""
+
+    status: str  # "ok" | "refused"
+    reason: str
+    amount: int
+    headroom: int
+    used_balance: int  # lifetime usage + in-flight
+    balance_wall: int
+    used_today: int  # today's usage + in-flight
+    daily_cap: int
+    inflight: int
+    evicted_until: int
+    overrun: bool
+
+    @property
+    def admitted(self) -> bool:
+        return self.status == "ok" and self.reason in ("admitted", "duplicate")
+
+    @property
+    def binding_wall(self) -> str:
+        """The wall closer to being hit: 'balance' or 'collection'."""
+        b = self.balance_wall - self.used_balance
+        c = self.daily_cap - self.used_today
+        return "balance" if b <= c else "collection"
+
+    def usage_and_limit(self) -> tuple[int, int]:
+        """(usage incl. in-flight, limit) of the binding wall, for log lines."""
+        if self.binding_wall == "balance":
+            return self.used_balance, self.balance_wall
+        return self.used_today, self.daily_cap
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a billing sync learned about one pool, in lifetime-cumulative coordinates."""
+
+    balance: int  # balance_at_sync: free tokens the API reported
+    settled_usage: int  # usage_at_sync: our lifetime usage the API had most likely settled
+    expiring: int  # free tokens that expire before `valid_until_ms`
+    small_buffer: int
+    daily_cap: int
+    valid_until_ms: int
+    evict_below: int = 1_000
+    packages: list[dict[str, Any]] = field(default_factory=list)  # for status, not for the walls
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """Everything `status` shows about one pool."""
+
+    pool: str
+    decision: Decision
+    now_ms: int
+    fields: dict[str, int]
+    packages: list[dict[str, Any]]
+
+    def get(self, name: str) -> int:
+        return self.fields.get(name, 0)
+
+
+def _parse(raw: list[Any]) -> Decision:
+    vals = [v.decode() if isinstance(v, bytes) else v for v in raw]
+    if vals[0] == "error":
+        raise GateError(str(vals[1]), str(vals[2]))
+    return Decision(
+        status=vals[0], reason=vals[1], amount=int(vals[2]), headroom=int(vals[3]),
+        used_balance=int(vals[4]), balance_wall=int(vals[5]), used_today=int(vals[6]),
+        daily_cap=int(vals[7]), inflight=int(vals[8]), evicted_until=int(vals[9]),
+        overrun=bool(int(vals[10])),
+    )
+
+
+def _now_arg(clock: Clock) -> str:
+    now = clock.now_ms()
+    return "" if now is None else str(now)
+
+
+def _num(v: int | None) -> str:
+    return "" if v is None else str(v)  # the script validates; a float or negative is refused
+
+
+def _decode_fields(raw: dict[Any, Any]) -> dict[str, int]:
+    out = {}
+    for k, v in raw.items():
+        key = k.decode() if isinstance(k, bytes) else k
+        try:
+            out[key] = int(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class _Args:
+    """Key and argument lists per verb; shared by the sync and async gates."""
+
+    def __init__(self, keyspace: KeySpace, clock: Clock) -> None:
+        self.keyspace = keyspace
+        self.clock = clock
+
+    def keys(self, pool: str) -> PoolKeys:
+        return self.keyspace.pool(pool)
+
+    def reserve(self, request_id: str, wanted: int, least: int | None, ttl_ms: int) -> list[str]:
+        return [_now_arg(self.clock), request_id, _num(wanted), _num(wanted if least is None else least),
+                _num(ttl_ms)]
+
+    def settle(self, request_id: str, actual: int | None) -> list[str]:
+        return [_now_arg(self.clock), request_id, _num(actual)]
+
+    def release(self, request_id: str) -> list[str]:
+        return [_now_arg(self.clock), request_id]
+
+    def snapshot(self, s: Snapshot) -> list[str]:
+        return [_now_arg(self.clock), _num(s.balance), _num(s.settled_usage), _num(s.expiring),
+                _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below)]
+
+    def status(self) -> list[str]:
+        return [_now_arg(self.clock)]
+
+
+def _store_call(fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"store unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        raise StoreUnavailable(f"store error: {exc}") from exc
+
+
+async def _astore_call(fn: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await fn()
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"store unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        raise StoreUnavailable(f"store error: {exc}") from exc
+
+
+def _minute_before(ms: int) -> int:
+    # The last *complete* minute before `ms`: its recorded usage is <= the usage at `ms`.
+    return ms // 60_000 - 1
+
+
+class Gate:
+    """The gate over a sync redis-py client (or the embedded store)."""
+
+    def __init__(self, client: redis.Redis, keyspace: KeySpace | None = None,
+                 clock: Clock | None = None) -> None:
+        self.client = client
+        self.args = _Args(keyspace or KeySpace(), clock or ServerClock())
+        self._scripts = {v: client.register_script(script_source(v)) for v in VERBS}
+
+    def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
+        keys = self.args.keys(pool).gate_keys()
+        return _parse(_store_call(lambda: self._scripts[verb](keys=keys, args=args)))
+
+    def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
+                ttl_ms: int = 900_000) -> Decision:
+        """Reserve up to `wanted` tokens (at least `least`) for `request_id`, or refuse."""
+        return self._run("reserve", pool, self.args.reserve(request_id, wanted, least, ttl_ms))
+
+    def settle(self, pool: str, request_id: str, actual: int | None) -> Decision:
+        """Replace the reservation by real usage; `None` = unknown, keep the reservation as consumed."""
+        return self._run("settle", pool, self.args.settle(request_id, actual))
+
+    def release(self, pool: str, request_id: str) -> Decision:
+        """Free the reservation of a request that never reached the upstream."""
+        return self._run("release", pool, self.args.release(request_id))
+
+    def install_snapshot(self, pool: str, snapshot: Snapshot) -> Decision:
+        decision = self._run("snapshot", pool, self.args.snapshot(snapshot))
+        keys = self.args.keys(pool)
+        _store_call(lambda: self.client.set(keys.packages, json.dumps(snapshot.packages)))
+        _store_call(lambda: self.client.sadd(self.args.keyspace.pools_index(), pool))
+        return decision
+
+    def status(self, pool: str) -> PoolState:
+        decision = self._run("status", pool, self.args.status())
+        keys = self.args.keys(pool)
+        raw = _store_call(lambda: self.client.hgetall(keys.state))
+        pk = _store_call(lambda: self.client.get(keys.packages))
+        return PoolState(pool, decision, decision.amount, _decode_fields(raw),
+                         json.loads(pk) if pk else [])
+
+    def usage_at(self, pool: str, ms: int) -> int:
+        """Lifetime usage recorded up to the last complete minute before `ms`."""
+        keys = self.args.keys(pool)
+        found = _store_call(lambda: self.client.zrevrangebyscore(
+            keys.timeline_index, _minute_before(ms), "-inf", start=0, num=1))
+        if found:
+            return int(_store_call(lambda: self.client.hget(keys.timeline, found[0])) or 0)
+        return int(_store_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
+
+    def pools(self) -> list[str]:
+        members = _store_call(lambda: self.client.smembers(self.args.keyspace.pools_index()))
+        return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+
+
+class AsyncGate:
+    """The gate over an asyncio redis client; the verbs the request path needs."""
+
+    def __init__(self, client: aioredis.Redis, keyspace: KeySpace | None = None,
+                 clock: Clock | None = None) -> None:
+        self.client = client
+        self.args = _Args(keyspace or KeySpace(), clock or ServerClock())
+        self._scripts = {v: client.register_script(script_source(v)) for v in VERBS}
+
+    async def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
+        keys = self.args.keys(pool).gate_keys()
+        return _parse(await _astore_call(lambda: self._scripts[verb](keys=keys, args=args)))
+
+    async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
+                      ttl_ms: int = 900_000) -> Decision:
+        return await self._run("reserve", pool, self.args.reserve(request_id, wanted, least, ttl_ms))
+
+    async def settle(self, pool: str, request_id: str, actual: int | None) -> Decision:
+        return await self._run("settle", pool, self.args.settle(request_id, actual))
+
+    async def release(self, pool: str, request_id: str) -> Decision:
+        return await self._run("release", pool, self.args.release(request_id))
+
+    async def status(self, pool: str) -> Decision:
+        return await self._run("status", pool, self.args.status())
+
+    async def evicted_until(self, pools: list[str]) -> dict[str, int]:
+        """Each pool's eviction deadline (ms; 0 = routable), one pipelined round trip."""
+        async def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for pool in pools:
+                pipe.hget(self.args.keys(pool).state, "evicted_until")
+            return await pipe.execute()
+
+        values = await _astore_call(fetch)
+        return {p: int(v or 0) for p, v in zip(pools, values, strict=True)}

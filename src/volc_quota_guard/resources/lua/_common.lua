@@ -1,0 +1,148 @@
+-- Shared prelude, prepended to every gate script (see gate.py).
+-- KEYS: 1 state (hash), 2 reservations (hash id -> "amount:deadline"), 3 deadlines (zset),
+--       4 resolved (hash id -> "how:counted"), 5 resolved_at (zset), 6 timeline (hash minute -> usage),
+--       7 timeline index (zset).  Amounts are tokens, times are ms since the epoch.
+local unpack = unpack or table.unpack  -- Lua 5.1 in Redis, 5.4 in the embedded store
+local K_STATE, K_RES, K_DL, K_DONE, K_DONE_AT, K_TL, K_TL_IDX =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+
+local MAX_REQUEST = 100000000          -- tokens in one request or settle
+local MAX_AMOUNT = 1000000000000000    -- tokens in a snapshot field
+local MAX_TIME = 4102444800000         -- 2100-01-01: also "evicted until the next snapshot"
+local RETAIN_MS = 172800000            -- resolved ids and timeline minutes live 48 h
+local SWEEP_LIMIT = 1000               -- expired reservations swept per call
+local TRIM_LIMIT = 100                 -- old ids / minutes trimmed per call
+
+local function int_arg(v, lo, hi)
+  if type(v) ~= 'string' or #v == 0 or #v > 16 or not string.match(v, '^%d+$') then return nil end
+  local n = tonumber(v)
+  if n < lo or n > hi then return nil end
+  return n
+end
+
+local function err(code, msg) return {'error', code, msg} end
+
+local function read_now(v)
+  if v == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return int_arg(v, 0, MAX_TIME)
+end
+
+local function valid_id(id) return type(id) == 'string' and #id >= 1 and #id <= 256 end
+
+local function day_of(ms) return math.floor((ms + 28800000) / 86400000) end  -- Beijing day
+
+local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buffer', 'cap',
+  'evict_below', 'ucum', 'day', 'day_usage', 'prev_day_usage', 'inflight', 'overruns',
+  'expired_count', 'evicted_until', 'tl_floor', 'snap_seq'}
+
+local function load()
+  local vals = redis.call('HMGET', K_STATE, unpack(FIELDS))
+  local st = {}
+  for i, f in ipairs(FIELDS) do st[f] = tonumber(vals[i]) or 0 end
+  st.evicted_wall = redis.call('HGET', K_STATE, 'evicted_wall') or ''
+  return st
+end
+
+local function save(st)
+  local args = {}
+  for _, f in ipairs(FIELDS) do
+    args[#args + 1] = f
+    args[#args + 1] = string.format('%d', st[f])
+  end
+  args[#args + 1] = 'evicted_wall'
+  args[#args + 1] = st.evicted_wall
+  redis.call('HSET', K_STATE, unpack(args))
+end
+
+local function roll_day(st, now)
+  local today = day_of(now)
+  if today > st.day then  -- never roll back: a clock that goes back keeps today's count
+    st.prev_day_usage = (today == st.day + 1) and st.day_usage or 0
+    st.day_usage = 0
+    st.day = today
+  end
+end
+
+local function add_usage(st, n, now)
+  if n <= 0 then return end
+  st.ucum = st.ucum + n
+  st.day_usage = st.day_usage + n
+  local minute = math.floor(now / 60000)
+  redis.call('HSET', K_TL, minute, string.format('%d', st.ucum))
+  redis.call('ZADD', K_TL_IDX, minute, minute)
+end
+
+local function resolve(id, how, counted, now)
+  redis.call('HSET', K_DONE, id, how .. ':' .. string.format('%d', counted))
+  redis.call('ZADD', K_DONE_AT, now, id)
+end
+
+-- A reservation past its deadline may have run: count it as consumed.
+local function sweep(st, now)
+  local ids = redis.call('ZRANGEBYSCORE', K_DL, '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HGET', K_RES, id)
+    redis.call('ZREM', K_DL, id)
+    if rec then
+      local amount = tonumber(string.match(rec, '^(%d+):'))
+      redis.call('HDEL', K_RES, id)
+      st.inflight = st.inflight - amount
+      add_usage(st, amount, now)
+      resolve(id, 'expired', amount, now)
+      st.expired_count = st.expired_count + 1
+    end
+  end
+end
+
+local function trim(st, now)
+  local cutoff = now - RETAIN_MS
+  local old = redis.call('ZRANGEBYSCORE', K_DONE_AT, '-inf', cutoff, 'LIMIT', 0, TRIM_LIMIT)
+  for _, id in ipairs(old) do
+    redis.call('HDEL', K_DONE, id)
+    redis.call('ZREM', K_DONE_AT, id)
+  end
+  local minutes = redis.call('ZRANGEBYSCORE', K_TL_IDX, '-inf', math.floor(cutoff / 60000),
+    'LIMIT', 0, TRIM_LIMIT)
+  for _, m in ipairs(minutes) do
+    local u = tonumber(redis.call('HGET', K_TL, m)) or 0
+    if u > st.tl_floor then st.tl_floor = u end
+    redis.call('HDEL', K_TL, m)
+    redis.call('ZREM', K_TL_IDX, m)
+  end
+end
+
+local function housekeep(st, now)
+  roll_day(st, now)
+  sweep(st, now)
+  trim(st, now)
+end
+
+local function wall_balance(st) return st.balance + st.settled - st.expiring - st.buffer end
+
+local function headrooms(st)
+  return wall_balance(st) - (st.ucum + st.inflight), st.cap - (st.day_usage + st.inflight)
+end
+
+-- Soft-evict: a pool with less headroom than evict_below leaves routing until the next
+-- snapshot (balance wall) or the next Beijing midnight (collection wall).
+local function update_eviction(st)
+  local hb, hc = headrooms(st)
+  if hb < st.evict_below then
+    st.evicted_until, st.evicted_wall = MAX_TIME, 'balance'
+  elseif hc < st.evict_below then
+    st.evicted_until, st.evicted_wall = (st.day + 1) * 86400000 - 28800000, 'collection'
+  else
+    st.evicted_until, st.evicted_wall = 0, ''
+  end
+end
+
+local function answer(st, status, reason, amount, overrun)
+  local hb, hc = headrooms(st)
+  return {status, reason, amount, math.min(hb, hc), st.ucum + st.inflight, wall_balance(st),
+    st.day_usage + st.inflight, st.cap, st.inflight, st.evicted_until, overrun or 0}
+end
+
+local function has_snapshot() return redis.call('HEXISTS', K_STATE, 'snap_at') == 1 end

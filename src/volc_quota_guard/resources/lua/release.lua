@@ -1,0 +1,25 @@
+-- ARGV: now_ms ('' = server TIME), request id.
+-- Frees a live reservation whose request never reached the upstream.
+local now = read_now(ARGV[1])
+local id = ARGV[2]
+if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
+if not valid_id(id) then return err('bad_id', 'request id must be 1-256 bytes') end
+if not has_snapshot() then return err('unknown_pool', 'pool has no snapshot') end
+
+local st = load()
+housekeep(st, now)
+local reason, amount = 'unknown_id', 0
+local live = redis.call('HGET', K_RES, id)
+if live then
+  amount = tonumber(string.match(live, '^(%d+):'))
+  redis.call('HDEL', K_RES, id)
+  redis.call('ZREM', K_DL, id)
+  st.inflight = st.inflight - amount
+  resolve(id, 'released', 0, now)
+  reason = 'released'
+elseif redis.call('HEXISTS', K_DONE, id) == 1 then
+  reason = 'duplicate'
+end
+update_eviction(st)
+save(st)
+return answer(st, 'ok', reason, amount)

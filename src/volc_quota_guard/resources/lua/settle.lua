@@ -1,0 +1,56 @@
+-- ARGV: now_ms ('' = server TIME), request id, actual tokens ('' = unknown: keep the reservation).
+-- Replaces a reservation by real usage; each request id is counted exactly once.
+local now = read_now(ARGV[1])
+local id = ARGV[2]
+local actual = nil
+if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
+if not valid_id(id) then return err('bad_id', 'request id must be 1-256 bytes') end
+if ARGV[3] ~= '' then
+  actual = int_arg(ARGV[3], 0, MAX_REQUEST)
+  if not actual then return err('bad_amount', 'actual must be empty or an integer 0-' .. MAX_REQUEST) end
+end
+if not has_snapshot() then return err('unknown_pool', 'pool has no snapshot') end
+
+local st = load()
+housekeep(st, now)
+local reason, counted, above = nil, 0, false
+local live = redis.call('HGET', K_RES, id)
+local done = redis.call('HGET', K_DONE, id)
+if live then
+  local reserved = tonumber(string.match(live, '^(%d+):'))
+  redis.call('HDEL', K_RES, id)
+  redis.call('ZREM', K_DL, id)
+  st.inflight = st.inflight - reserved
+  counted = actual or reserved
+  above = counted > reserved
+  reason = 'settled'
+  add_usage(st, counted, now)
+  resolve(id, 'settled', counted, now)
+elseif done then
+  local how, before = string.match(done, '^(%a+):(%d+)$')
+  before = tonumber(before)
+  if actual and (how == 'expired' or how == 'released') then
+    counted = math.max(0, actual - before)  -- an expired reservation was already counted
+    above = counted > 0
+    reason = 'late_settle'
+    add_usage(st, counted, now)
+    resolve(id, 'settled', before + counted, now)
+  else
+    reason = 'duplicate'
+  end
+else
+  counted = actual or 0
+  above = counted > 0
+  reason = 'unreserved'
+  add_usage(st, counted, now)
+  resolve(id, 'settled', counted, now)
+end
+local overrun = 0
+local hb, hc = headrooms(st)
+if above and (hb < 0 or hc < 0) then
+  overrun = 1
+  st.overruns = st.overruns + 1
+end
+update_eviction(st)
+save(st)
+return answer(st, 'ok', reason, counted, overrun)

@@ -1,0 +1,22 @@
+-- ARGV: now_ms ('' = server TIME), balance_at_sync, usage_at_sync (settled-usage estimate, lifetime
+-- coordinates), expiring (free tokens that expire before valid_until), small_buffer, daily_cap,
+-- valid_until_ms, evict_below.  Installs the pool's snapshot; counters are kept.
+local now = read_now(ARGV[1])
+if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
+local v = {}
+for i = 2, 8 do
+  v[i] = int_arg(ARGV[i], 0, i == 7 and MAX_TIME or MAX_AMOUNT)
+  if not v[i] then return err('bad_amount', 'snapshot field ' .. i - 1 .. ' must be a non-negative integer') end
+end
+if v[7] <= now then return err('bad_time', 'valid_until must be in the future') end
+
+local st = load()
+if not has_snapshot() then st.day = day_of(now) end
+housekeep(st, now)
+st.snap_at, st.balance, st.expiring, st.buffer, st.cap, st.valid_until, st.evict_below =
+  now, v[2], v[4], v[5], v[6], v[7], v[8]
+st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been settled
+st.snap_seq = st.snap_seq + 1
+update_eviction(st)
+save(st)
+return answer(st, 'ok', 'installed', 0)
