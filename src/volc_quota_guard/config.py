@@ -35,8 +35,9 @@ class Settings(BaseSettings):
                            description="Collection cap per pool per Beijing day.")
     lag_floor_minutes: int = Field(default=20, ge=1, le=1440,
                                    description="Lowest settlement lag the limit assumes.")
-    reservation_ttl_seconds: int = Field(default=900, ge=10, le=86_400,
-                                         description="After this, an unsettled reservation counts as consumed.")
+    reservation_ttl_seconds: int = Field(
+        default=900, ge=10, le=86_400,
+        description="After this, an unsettled reservation counts as consumed.")
     snapshot_max_age_minutes: int = Field(default=90, ge=5, le=1440,
                                           description="Older snapshots give no headroom.")
     evict_below: int = Field(default=1_000, ge=0, le=10_000_000,

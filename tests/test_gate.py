@@ -1,0 +1,218 @@
+"""The gate's verbs, on the test backend (real Redis in CI, the embedded store elsewhere)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from volc_quota_guard.clock import ManualClock, next_beijing_midnight_ms
+from volc_quota_guard.errors import GateError, StoreUnavailable
+from volc_quota_guard.gate import Gate, Snapshot
+from volc_quota_guard.keys import KeySpace, pool_id
+
+POOL = pool_id("acct-a", "deepseek-v4-flash-ga-260731")
+T0 = 1_786_600_000_000  # 2026-08-13 13:46 Beijing
+
+
+def snap(clock: ManualClock, balance: int = 1_000_000, settled: int = 0, expiring: int = 0,
+         buffer: int = 50_000, cap: int = 2_000_000, minutes: int = 60) -> Snapshot:
+    return Snapshot(balance, settled, expiring, buffer, cap, clock.now_ms() + minutes * 60_000, 1_000)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def gate(client: redis.Redis, keyspace: KeySpace, clock: ManualClock) -> Gate:
+    return Gate(client, keyspace, clock)
+
+
+def test_pool_without_snapshot_admits_nothing_and_writes_nothing(gate, client, keyspace):
+    """Fail closed: no snapshot means a refusal that says so, and no key is created."""
+    d = gate.reserve(POOL, "r1", 100)
+    assert (d.status, d.reason) == ("refused", "no_snapshot")
+    assert list(client.scan_iter(f"{keyspace.prefix}:*")) == []
+    with pytest.raises(GateError) as exc:
+        gate.settle(POOL, "r1", 10)
+    assert exc.value.code == "unknown_pool"
+
+
+def test_balance_wall_counts_inflight_and_clamps_to_headroom(gate, clock):
+    """Reservations add up against Bal + settled - buffer; the last one is clamped to what is left."""
+    gate.install_snapshot(POOL, snap(clock, balance=1_000_000, buffer=50_000))
+    assert gate.reserve(POOL, "a", 600_000).amount == 600_000
+    d = gate.reserve(POOL, "b", 600_000, least=100_000)
+    assert (d.reason, d.amount) == ("admitted", 350_000)
+    d = gate.reserve(POOL, "c", 10, least=10)
+    assert (d.status, d.reason) == ("refused", "balance_wall")
+    assert d.usage_and_limit() == (950_000, 950_000)
+
+
+def test_collection_wall_is_per_beijing_day(gate, clock):
+    """Today's usage is capped; after Beijing midnight the cap is available again."""
+    gate.install_snapshot(POOL, snap(clock, balance=10_000_000, cap=100_000, minutes=24 * 60))
+    gate.reserve(POOL, "a", 90_000)
+    gate.settle(POOL, "a", 90_000)
+    d = gate.reserve(POOL, "b", 20_000)
+    assert d.reason == "collection_wall" and d.evicted_until == 0  # 10k left: small calls fit
+    d = gate.settle(POOL, "c", 9_500)
+    assert d.evicted_until == next_beijing_midnight_ms(T0)  # under evict_below: out of routing
+    clock.set(next_beijing_midnight_ms(T0) + 1)
+    d = gate.reserve(POOL, "b", 20_000)
+    assert d.reason == "admitted" and d.used_today == 20_000 and d.used_balance == 119_500
+
+
+def test_settle_replaces_reservation_and_is_idempotent(gate, clock):
+    """A retried settle does not double count; lifetime and day counters take the real usage."""
+    gate.install_snapshot(POOL, snap(clock))
+    gate.reserve(POOL, "a", 5_000)
+    first = gate.settle(POOL, "a", 1_234)
+    again = gate.settle(POOL, "a", 1_234)
+    assert (first.reason, first.amount, first.inflight) == ("settled", 1_234, 0)
+    assert (again.reason, again.amount, again.used_balance) == ("duplicate", 0, 1_234)
+
+
+def test_reserve_is_idempotent_per_request_id(gate, clock):
+    """The same id twice (LiteLLM can run its deployment hook twice) holds one reservation."""
+    gate.install_snapshot(POOL, snap(clock))
+    gate.reserve(POOL, "a", 5_000)
+    d = gate.reserve(POOL, "a", 9_000)
+    assert (d.reason, d.amount, d.inflight) == ("duplicate", 5_000, 5_000)
+
+
+def test_unknown_usage_keeps_the_reservation_as_consumed(gate, clock):
+    """settle(None): usage unavailable, so the whole reservation counts (fail closed)."""
+    gate.install_snapshot(POOL, snap(clock))
+    gate.reserve(POOL, "a", 7_000)
+    d = gate.settle(POOL, "a", None)
+    assert (d.amount, d.used_balance) == (7_000, 7_000)
+
+
+def test_expired_reservation_counts_as_consumed_then_late_settle_tops_up_once(gate, clock):
+    """A reservation past its deadline is consumed; a late settle only adds what it exceeded."""
+    gate.install_snapshot(POOL, snap(clock, minutes=120))
+    gate.reserve(POOL, "a", 5_000, ttl_ms=60_000)
+    clock.advance(61_000)
+    d = gate.status(POOL).decision
+    assert (d.inflight, d.used_balance) == (0, 5_000)
+    late = gate.settle(POOL, "a", 6_500)
+    assert (late.reason, late.amount, late.used_balance) == ("late_settle", 1_500, 6_500)
+    assert gate.settle(POOL, "a", 6_500).reason == "duplicate"
+    assert gate.status(POOL).get("expired_count") == 1
+
+
+def test_release_frees_headroom_and_unknown_settle_counts_once(gate, clock):
+    """Release gives the reservation back; a settle for an id never reserved is counted once."""
+    gate.install_snapshot(POOL, snap(clock))
+    gate.reserve(POOL, "a", 5_000)
+    assert gate.release(POOL, "a").amount == 5_000
+    assert gate.release(POOL, "a").reason == "duplicate"
+    assert gate.settle(POOL, "ghost", 300).reason == "unreserved"
+    assert gate.settle(POOL, "ghost", 300).reason == "duplicate"
+    assert gate.status(POOL).decision.used_balance == 300
+
+
+def test_overrun_is_flagged_and_nothing_more_is_admitted(gate, clock):
+    """Real usage above its reservation past the wall is flagged, and the pool refuses after."""
+    gate.install_snapshot(POOL, snap(clock, balance=150_000, buffer=50_000))
+    gate.reserve(POOL, "a", 90_000)
+    d = gate.settle(POOL, "a", 176_571)
+    assert d.overrun and d.headroom < 0
+    assert gate.reserve(POOL, "b", 1).reason == "balance_wall"
+    assert gate.status(POOL).get("overruns") == 1
+
+
+def test_stale_snapshot_gives_no_headroom(gate, clock):
+    """Past its validity the snapshot admits nothing, and says why."""
+    gate.install_snapshot(POOL, snap(clock, minutes=30))
+    clock.advance(31 * 60_000)
+    assert gate.reserve(POOL, "a", 1).reason == "stale_snapshot"
+
+
+def test_snapshot_usage_cannot_exceed_recorded_usage(gate, clock):
+    """usage_at_sync above what we recorded would inflate the wall: it is capped at lifetime usage."""
+    gate.install_snapshot(POOL, snap(clock, balance=100_000, settled=5_000_000))
+    assert gate.status(POOL).get("settled") == 0
+
+
+@pytest.mark.parametrize("args", [
+    dict(wanted=-5), dict(wanted=0), dict(wanted=2.5), dict(wanted=10**12),
+    dict(wanted=10, least=11), dict(wanted=10, ttl_ms=5),
+])
+def test_bad_reserve_arguments_are_refused_without_a_write(gate, clock, client, keyspace, args):
+    """Negative, fractional, absurd amounts and bad TTLs get an error code and change nothing."""
+    gate.install_snapshot(POOL, snap(clock))
+    before = client.hgetall(keyspace.pool(POOL).state)
+    with pytest.raises(GateError) as exc:
+        gate.reserve(POOL, "r", **args)
+    assert exc.value.code in ("bad_amount", "bad_ttl")
+    assert client.hgetall(keyspace.pool(POOL).state) == before
+
+
+def test_script_flush_changes_nothing_for_the_caller(gate, clock, client):
+    """NOSCRIPT after SCRIPT FLUSH is absorbed by register_script's reload."""
+    gate.install_snapshot(POOL, snap(clock))
+    gate.reserve(POOL, "a", 100)
+    client.script_flush()
+    assert gate.settle(POOL, "a", 50).reason == "settled"
+    client.script_flush()
+    assert gate.reserve(POOL, "b", 100).reason == "admitted"
+
+
+def test_timeline_gives_usage_as_of_an_earlier_minute(gate, clock):
+    """usage_at(t) is the lifetime usage of the last complete minute before t (never more)."""
+    gate.install_snapshot(POOL, snap(clock, minutes=120))
+    for i in range(3):
+        gate.settle(POOL, f"u{i}", 1_000)
+        clock.advance(5 * 60_000)
+    assert gate.usage_at(POOL, T0 + 1) == 0  # its minute is not complete yet: not counted
+    assert gate.usage_at(POOL, T0 + 2 * 60_000) == 1_000
+    assert gate.usage_at(POOL, T0 + 7 * 60_000) == 2_000
+    assert gate.usage_at(POOL, clock.now_ms()) == 3_000
+
+
+def test_server_time_is_used_when_no_clock_is_injected(client, keyspace):
+    """Without an injected clock the scripts read Redis TIME, so deadlines are server-based."""
+    gate = Gate(client, keyspace)
+    now = int(client.time()[0]) * 1000
+    gate.install_snapshot(POOL, Snapshot(1_000_000, 0, 0, 0, 2_000_000, now + 600_000))
+    d = gate.reserve(POOL, "a", 100)
+    assert d.reason == "admitted"
+    with pytest.raises(GateError):
+        gate.install_snapshot(POOL, Snapshot(1, 0, 0, 0, 1, now - 1_000))
+
+
+def test_unreachable_store_raises_store_unavailable(keyspace):
+    """A dead Redis is one clear exception, not a redis-py traceback."""
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    with pytest.raises(StoreUnavailable, match="unreachable"):
+        Gate(dead, keyspace).reserve(POOL, "a", 1)
+
+
+def test_racing_reservations_grant_exactly_k(client, keyspace, clock):
+    """64 threads race for a pool with headroom for exactly k reservations: exactly k win."""
+    k, each = 17, 10_000
+    gate = Gate(client, keyspace, clock)
+    gate.install_snapshot(POOL, Snapshot(k * each, 0, 0, 0, 10**9, clock.now_ms() + 3_600_000, 0))
+    barrier = threading.Barrier(64)
+    results: list[str] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        d = gate.reserve(POOL, f"t{i}", each)
+        with lock:
+            results.append(d.reason)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count("admitted") == k
+    assert results.count("balance_wall") == 64 - k
+    assert gate.status(POOL).decision.inflight == k * each

@@ -1,0 +1,180 @@
+"""The Lua gate against its pure-Python reference model, driven by Hypothesis."""
+
+from __future__ import annotations
+
+import uuid
+
+import hypothesis.strategies as st
+from hypothesis import event, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from conftest import TEST_REDIS_URL
+from volc_quota_guard.clock import ManualClock, beijing_day, next_beijing_midnight_ms
+from volc_quota_guard.errors import GateError
+from volc_quota_guard.gate import Decision, Gate, Snapshot
+from volc_quota_guard.keys import KeySpace
+from volc_quota_guard.model import GateModel
+from volc_quota_guard.store import connect
+
+POOLS = ["acct-a/model-x", "acct-b/model-x"]
+IDS = [f"call-{i}" for i in range(8)]
+START = 1_786_636_800_000 - 40 * 60_000  # 2026-08-13 23:20 Beijing: a rollover is near
+STATE_FIELDS = ["balance", "settled", "expiring", "buffer", "cap", "valid_until", "ucum", "day",
+                "day_usage", "prev_day_usage", "inflight", "overruns", "expired_count",
+                "evicted_until", "tl_floor", "snap_seq"]
+
+amounts = st.integers(min_value=1, max_value=200_000)
+bad_amounts = st.sampled_from([-1, 0, 1.5, 10**12, "12abc", ""])
+
+
+class GateVersusModel(RuleBasedStateMachine):
+    """Random reserve/settle/release/snapshot/time sequences give identical answers and state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client = connect(TEST_REDIS_URL)
+        self.keyspace = KeySpace(f"vqgprop-{uuid.uuid4().hex[:10]}")
+        self.clock = ManualClock(START)
+        self.gate = Gate(self.client, self.keyspace, self.clock)
+        self.model = GateModel()
+        self.resolved: set[tuple[str, str]] = set()
+        self.last_ucum = {p: 0 for p in POOLS}
+        self.last_day = {p: (0, 0) for p in POOLS}
+        self.overrun_seen = {p: False for p in POOLS}
+
+    def teardown(self) -> None:
+        for key in self.client.scan_iter(f"{self.keyspace.prefix}:*", count=1000):
+            self.client.delete(key)
+
+    @property
+    def now(self) -> int:
+        return self.clock.now_ms()
+
+    def both(self, lua, model) -> Decision | None:
+        """Run one verb on both; they must agree on the answer or on the error code."""
+        try:
+            expected = model()
+        except GateError as exc:
+            try:
+                lua()
+            except GateError as got:
+                assert got.code == exc.code
+                return None
+            raise AssertionError(f"model raised {exc.code}, Lua did not") from None
+        got = lua()
+        assert got == expected
+        event(f"{got.status}:{got.reason}")
+        return got
+
+    @initialize(balance=st.integers(200_000, 3_000_000), cap=st.integers(100_000, 2_000_000))
+    def first_pool_has_a_snapshot(self, balance, cap):
+        self.snapshot(POOLS[0], balance, 0, 0, 50_000, cap, 600, 1_000)
+
+    @rule(pool=st.sampled_from(POOLS), balance=st.integers(0, 3_000_000),
+          settled=st.integers(0, 3_000_000), expiring=st.integers(0, 300_000),
+          buffer=st.integers(0, 100_000), cap=st.integers(1, 2_500_000),
+          validity_min=st.integers(5, 600), evict_below=st.integers(0, 5_000))
+    def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below):
+        snap = Snapshot(balance, settled, expiring, buffer, cap,
+                        self.now + validity_min * 60_000, evict_below)
+        self.both(lambda: self.gate.install_snapshot(pool, snap),
+                  lambda: self.model.install_snapshot(pool, snap, self.now))
+        self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh
+
+    @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS), wanted=amounts,
+          least_frac=st.floats(0.01, 1.0), ttl_s=st.integers(1, 3600))
+    def reserve(self, pool, rid, wanted, least_frac, ttl_s):
+        least = max(1, int(wanted * least_frac))
+        d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000),
+                      lambda: self.model.reserve(pool, rid, wanted, least, ttl_s * 1000, self.now))
+        if d is not None and d.reason == "admitted":
+            assert (pool, rid) not in self.resolved, "a resolved id was reserved again"
+            assert least <= d.amount <= wanted
+            if not self.overrun_seen[pool]:
+                assert d.used_balance <= d.balance_wall and d.used_today <= d.daily_cap
+
+    @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS),
+          actual=st.one_of(st.none(), st.integers(0, 500_000)))
+    def settle(self, pool, rid, actual):
+        d = self.both(lambda: self.gate.settle(pool, rid, actual),
+                      lambda: self.model.settle(pool, rid, actual, self.now))
+        if d is not None:
+            self.overrun_seen[pool] |= d.overrun
+            if d.reason in ("settled", "unreserved"):
+                assert (pool, rid) not in self.resolved or d.reason == "unreserved"
+
+    @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS))
+    def release(self, pool, rid):
+        self.both(lambda: self.gate.release(pool, rid),
+                  lambda: self.model.release(pool, rid, self.now))
+
+    @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS), bad=bad_amounts)
+    def bad_input_writes_nothing(self, pool, rid, bad):
+        before = self.client.hgetall(self.keyspace.pool(pool).state)
+        for call in (lambda: self.gate.reserve(pool, rid, bad),
+                     lambda: self.gate.reserve(pool, rid, 10, bad if bad != "" else -3),
+                     lambda: self.gate.settle(pool, rid, bad if bad not in ("", 0) else -3)):
+            try:
+                call()
+            except GateError as exc:
+                assert exc.code == "bad_amount"
+            else:
+                raise AssertionError(f"{bad!r} was accepted")
+        assert self.client.hgetall(self.keyspace.pool(pool).state) == before
+
+    @rule(seconds=st.integers(1, 600))
+    def time_passes(self, seconds):
+        self.clock.advance(seconds * 1000)
+
+    @rule(hours=st.integers(1, 12))
+    def long_quiet(self, hours):
+        self.clock.advance(hours * 3_600_000)
+
+    @rule()
+    def beijing_midnight(self):
+        self.clock.set(next_beijing_midnight_ms(self.now) + 1_000)
+
+    @precondition(lambda self: bool(self.model.pools))
+    @rule(pool=st.sampled_from(POOLS))
+    def status(self, pool):
+        self.both(lambda: self.gate.status(pool).decision,
+                  lambda: self.model.status(pool, self.now))
+
+    @invariant()
+    def state_matches_model_and_invariants_hold(self):
+        for pool in POOLS:
+            keys = self.keyspace.pool(pool)
+            raw = {k.decode(): v.decode() for k, v in self.client.hgetall(keys.state).items()}
+            m = self.model.pools.get(pool)
+            if m is None:
+                assert raw == {}, "a pool without a snapshot was written"
+                continue
+            for name in STATE_FIELDS:
+                assert int(raw[name]) == getattr(m, name), name
+            live = {k.decode(): int(v.decode().split(":")[0])
+                    for k, v in self.client.hgetall(keys.reservations).items()}
+            assert live == {rid: amt for rid, (amt, _) in m.reservations.items()}
+            assert m.inflight == sum(live.values()), "in-flight != live reservations"
+            for rid in m.resolved:
+                self.resolved.add((pool, rid))
+            for rid in live:
+                assert (pool, rid) not in self.resolved or rid not in m.resolved
+            assert m.ucum >= self.last_ucum[pool], "lifetime usage decreased"
+            day, usage = self.last_day[pool]
+            assert m.day >= day
+            if m.day == day:
+                assert m.day_usage >= usage, "today's usage decreased"
+            self.last_ucum[pool] = m.ucum
+            self.last_day[pool] = (m.day, m.day_usage)
+            assert m.day == beijing_day(self.now) or m.day == self.last_day[pool][0]
+
+
+GateVersusModel.TestCase.settings = settings(max_examples=200, stateful_step_count=30,
+                                             deadline=None)
+test_gate_matches_model = GateVersusModel.TestCase
