@@ -227,6 +227,13 @@ class Gate:
             return int(_store_call(lambda: self.client.hget(keys.timeline, found[0])) or 0)
         return int(_store_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
 
+    def timeline(self, pool: str) -> tuple[list[tuple[int, int]], int]:
+        """The pool's (minute, lifetime usage) entries, ascending, and the trimmed floor."""
+        keys = self.args.keys(pool)
+        raw = _store_call(lambda: self.client.hgetall(keys.timeline))
+        floor = _store_call(lambda: self.client.hget(keys.state, "tl_floor"))
+        return sorted((int(m), int(u)) for m, u in raw.items()), int(floor or 0)
+
     def pools(self) -> list[str]:
         members = _store_call(lambda: self.client.smembers(self.args.keyspace.pools_index()))
         return sorted(m.decode() if isinstance(m, bytes) else m for m in members)

@@ -39,6 +39,7 @@ class PoolKeys:
     timeline: str  # hash: minute -> lifetime usage at the end of that minute
     timeline_index: str  # zset: minute scored by itself (ordered lookup)
     packages: str  # string: JSON list of the pool's packages at the last sync
+    limit_state: str  # string: JSON of the limit estimator's state (limit.LimitState)
 
     def gate_keys(self) -> list[str]:
         return [
@@ -72,6 +73,7 @@ class KeySpace:
             timeline=f"{base}:timeline",
             timeline_index=f"{base}:timeline_idx",
             packages=f"{base}:packages",
+            limit_state=f"{base}:limit",
         )
 
     def pools_index(self) -> str:

@@ -1,0 +1,182 @@
+"""The balance-wall limit of one pool, computed at each billing sync (DESIGN §2).
+
+Pure: no I/O. The sync feeds it the API's view of the pool's packages, our usage timeline and
+the estimator state kept from earlier syncs; it returns the snapshot to install and the new state.
+
+In lifetime-cumulative coordinates, the pool's free total `F = Bal + U_settled` is constant
+between two syncs with the same package set (usage moves tokens from Bal to U). The API's
+balance lags our usage by Δ, so `U_settled = U(t − Δ)`. Estimates of F, all ≤ the true one:
+
+- lag-compensated: `Bal + U(t − Δ_assumed)` with Δ_assumed ≥ the worst observed lag and the floor;
+- the lowest of those since the package set last changed (a quiet stretch makes it exact);
+- an exact anchor `Bal + U(now)`, taken when our usage has not moved for longer than any lag;
+  while it holds it is used as is. Usage outside the proxy (the balance falls by more than we
+  recorded) voids it; smaller outside usage is what SMALL_BUFFER is for.
+
+With an anchor, each later sync locates the API's settled-through point on our timeline: it lies
+before the end of the first minute (after the anchor) whose usage exceeds `F_anchor − Bal`, so
+`now − that minute's end` is a lower bound of the lag — an observed Δ.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from .gate import Snapshot
+
+MINUTE_MS = 60_000
+QUIET_MS = 120 * MINUTE_MS  # no usage for this long: every plausible lag has settled
+LAG_MEMORY_MS = 7 * 86_400_000  # observed lags are remembered a week
+LAG_MARGIN = 1.25  # Δ_assumed = worst observed × margin + 2 min
+LAG_PAD_MS = 2 * MINUTE_MS
+
+
+@dataclass(frozen=True)
+class PackageView:
+    """One free token package as the balance API shows it now."""
+
+    instance_no: str
+    available: int
+    expires_ms: int | None
+
+
+@dataclass(frozen=True)
+class LimitState:
+    """What the estimator carries from one sync to the next (stored as JSON per pool)."""
+
+    package_set: tuple[str, ...] = ()
+    lowest_free_total: int | None = None
+    anchor_free_total: int | None = None
+    anchor_ms: int = 0
+    lags: tuple[tuple[int, int], ...] = ()  # (observed at ms, lag ms)
+    last_sync_ms: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object] | None) -> LimitState:
+        if not raw:
+            return cls()
+        return cls(
+            package_set=tuple(raw.get("package_set") or ()),  # type: ignore[arg-type]
+            lowest_free_total=raw.get("lowest_free_total"),  # type: ignore[arg-type]
+            anchor_free_total=raw.get("anchor_free_total"),  # type: ignore[arg-type]
+            anchor_ms=int(raw.get("anchor_ms") or 0),  # type: ignore[call-overload]
+            lags=tuple(tuple(x) for x in raw.get("lags") or ()),  # type: ignore[misc, union-attr]
+            last_sync_ms=int(raw.get("last_sync_ms") or 0),  # type: ignore[call-overload]
+        )
+
+
+@dataclass(frozen=True)
+class UsageView:
+    """Our side at sync time: the per-minute lifetime-usage timeline and what is in flight."""
+
+    minutes: tuple[tuple[int, int], ...]  # (minute index, lifetime usage at its end), ascending
+    floor: int  # usage of the newest minute trimmed from the timeline
+    lifetime_usage: int
+    inflight: int
+
+    def usage_at(self, ms: int) -> int:
+        """Usage recorded up to the last complete minute before `ms` (never more than at `ms`)."""
+        i = bisect.bisect_right(self.minutes, (ms // MINUTE_MS - 1, float("inf")))
+        return self.minutes[i - 1][1] if i else self.floor
+
+    def first_above(self, tokens: int, since_ms: int) -> int | None:
+        """End (ms) of the first minute from `since_ms` whose usage exceeds `tokens`."""
+        for minute, used in self.minutes:
+            if minute >= since_ms // MINUTE_MS and used > tokens:
+                return (minute + 1) * MINUTE_MS
+        return None
+
+
+@dataclass(frozen=True)
+class LimitResult:
+    snapshot: Snapshot
+    state: LimitState
+    balance: int
+    settled_usage: int
+    free_total: int
+    lag_assumed_ms: int
+    lag_observed_ms: int | None
+    expiring: int
+    external_usage: bool = False  # the API settled more than we ever recorded
+    notes: list[str] = field(default_factory=list)
+
+
+def assumed_lag_ms(state: LimitState, now_ms: int, floor_ms: int) -> int:
+    recent = [lag for at, lag in state.lags if now_ms - at <= LAG_MEMORY_MS]
+    if not recent:
+        return floor_ms
+    return max(floor_ms, int(max(recent) * LAG_MARGIN) + LAG_PAD_MS)
+
+
+def compute_limit(
+    *,
+    now_ms: int,
+    packages: Sequence[PackageView],
+    usage: UsageView,
+    state: LimitState,
+    lag_floor_ms: int,
+    small_buffer: int,
+    daily_cap: int,
+    max_age_ms: int,
+    evict_below: int,
+) -> LimitResult:
+    balance = sum(p.available for p in packages)
+    package_set = tuple(sorted(p.instance_no for p in packages))
+    notes: list[str] = []
+    if package_set != state.package_set:
+        if state.package_set:
+            notes.append("package set changed: free-total estimates start afresh")
+        state = replace(state, package_set=package_set, lowest_free_total=None, anchor_free_total=None)
+
+    quiet = usage.inflight == 0 and usage.usage_at(now_ms - QUIET_MS) == usage.lifetime_usage
+    if quiet:
+        state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms)
+
+    observed: int | None = None
+    external = False
+    if state.anchor_free_total is not None and not quiet:
+        settled = state.anchor_free_total - balance
+        if settled > usage.lifetime_usage:
+            external = True  # the API settled more than we recorded: usage outside the proxy
+            notes.append("balance fell by more than our recorded usage: usage outside the proxy?")
+        else:
+            unsettled_from = usage.first_above(settled, state.anchor_ms)
+            if unsettled_from is not None:
+                observed = max(0, now_ms - unsettled_from)
+                state = replace(state, lags=(*state.lags, (now_ms, observed))[-50:])
+
+    lag = assumed_lag_ms(state, now_ms, lag_floor_ms)
+    estimate = balance + usage.usage_at(now_ms - lag)
+    lowest = estimate if state.lowest_free_total is None else min(state.lowest_free_total, estimate)
+    state = replace(state, lowest_free_total=lowest, last_sync_ms=now_ms)
+    if external and state.anchor_free_total is not None:
+        # Someone else drew on the pool: the anchor no longer holds; fall back to the estimates.
+        lowest = min(lowest, state.anchor_free_total)
+        state = replace(state, anchor_free_total=None, lowest_free_total=lowest)
+    # The anchor is exact (nothing was unsettled when it was taken); the lag-compensated
+    # estimates undershoot by the traffic between Δ_assumed and the true lag.
+    free_total = lowest if state.anchor_free_total is None else state.anchor_free_total
+    settled_usage = max(0, free_total - balance)
+
+    valid_until = now_ms + max_age_ms
+    # Expiry: what the API still shows in packages that expire before the snapshot does is
+    # taken off now. FIFO means our own use eats those first, so this only ever errs safe.
+    expiring = sum(p.available for p in packages
+                   if p.expires_ms is not None and p.expires_ms <= valid_until)
+    snapshot = Snapshot(balance=balance, settled_usage=settled_usage, expiring=expiring,
+                        small_buffer=small_buffer, daily_cap=daily_cap,
+                        valid_until_ms=valid_until, evict_below=evict_below)
+    return LimitResult(snapshot, state, balance, settled_usage, free_total, lag, observed,
+                       expiring, external, notes)
+
+
+def next_expiry_ms(packages: Sequence[PackageView], now_ms: int) -> int | None:
+    """When the next package with balance left expires (the sync runs again right after)."""
+    times = [p.expires_ms for p in packages
+             if p.expires_ms is not None and p.expires_ms > now_ms and p.available > 0]
+    return min(times) if times else None

@@ -1,0 +1,229 @@
+"""The billing sync: list packages, compute each pool's limit, install the snapshot (DESIGN §4).
+
+One `SyncService` per proxy process runs a daemon thread. A Redis lock per account elects one
+process to call the billing API when a sync is due; every process reads the shared snapshot.
+A sync is due when its adaptive interval has passed (normal, tighter when headroom is low,
+right after a package expiry) or when usage since the last sync passed the burst threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Protocol
+
+from .billing import BillingClient, ResourcePackage
+from .clock import Clock, SystemClock
+from .config import Settings
+from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
+from .gate import Gate
+from .keys import KeySpace
+from .limit import LimitResult, LimitState, PackageView, UsageView, compute_limit, next_expiry_ms
+from .packages import PoolSpec, assign
+
+log = logging.getLogger("volc_quota_guard.sync")
+
+LOCK_MS = 60_000  # long enough for a paginated listing with retries
+BURST_SPACING_MS = 60_000  # burst syncs at most once a minute per account
+RETRY_MS = 60_000  # after a failed sync, try again this soon
+
+
+class PackageLister(Protocol):
+    def list_resource_packages(self) -> list[ResourcePackage]: ...
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    account: str
+    ran: bool  # False: not due, or another process holds the lock
+    results: tuple[LimitResult, ...] = ()
+    error: str | None = None
+
+
+def _views(packages: Iterable[ResourcePackage]) -> list[PackageView]:
+    return [PackageView(p.instance_no, p.available, p.expires_ms)
+            for p in packages if p.is_effective and p.is_token_unit]
+
+
+class SyncService:
+    """Syncs every guarded pool's snapshot from the billing API."""
+
+    def __init__(
+        self,
+        cfg: Settings,
+        gate: Gate,
+        pools: Callable[[], list[PoolSpec]],
+        lister_for: Callable[[str], PackageLister] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.gate = gate
+        self.client = gate.client
+        self.keyspace: KeySpace = gate.args.keyspace
+        self.pools = pools
+        self._lister_for = lister_for or (lambda account: BillingClient.for_account(account, config=cfg))
+        self._listers: dict[str, PackageLister] = {}
+        self.clock = clock or SystemClock()
+        self.owner = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- time and election --------------------------------------------------------------------
+    def now_ms(self) -> int:
+        now = self.clock.now_ms()
+        if now is None:
+            sec, usec = self.client.time()
+            return int(sec) * 1000 + int(usec) // 1000
+        return now
+
+    def _meta(self, account: str) -> dict[str, str]:
+        raw = self.client.hgetall(self.keyspace.sync_meta(account))
+        return {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+                for k, v in raw.items()}
+
+    def _usage_total(self, specs: list[PoolSpec]) -> int:
+        total = 0
+        for spec in specs:
+            total += int(self.client.hget(self.keyspace.pool(spec.pool).state, "ucum") or 0)
+        return total
+
+    def due(self, account: str, specs: list[PoolSpec], now: int) -> str | None:
+        """Why a sync is due now ('interval', 'burst', 'first'), or None."""
+        meta = self._meta(account)
+        if "next_at" not in meta:
+            return "first"
+        if now >= int(meta["next_at"]):
+            return "interval"
+        since = self._usage_total(specs) - int(meta.get("usage_total", 0))
+        if since >= self.cfg.burst_tokens and now - int(meta.get("last_at", 0)) >= BURST_SPACING_MS:
+            return f"burst (+{since:,} tokens since the last sync)"
+        return None
+
+    def maybe_sync(self, account: str, specs: list[PoolSpec]) -> SyncOutcome:
+        """Sync the account if due and if this process wins the lock."""
+        now = self.now_ms()
+        if self.due(account, specs, now) is None:
+            return SyncOutcome(account, False)
+        lock = self.keyspace.sync_lock(account)
+        if not self.client.set(lock, self.owner, nx=True, px=LOCK_MS):
+            return SyncOutcome(account, False)
+        try:
+            why = self.due(account, specs, now)  # re-check: another process may just have synced
+            if why is None:
+                return SyncOutcome(account, False)
+            return self.sync_account(account, specs, why)
+        finally:
+            if self.client.get(lock) in (self.owner, self.owner.encode()):
+                self.client.delete(lock)
+
+    # -- one sync -----------------------------------------------------------------------------
+    def _lister(self, account: str) -> PackageLister:
+        if account not in self._listers:
+            self._listers[account] = self._lister_for(account)
+        return self._listers[account]
+
+    def sync_account(self, account: str, specs: list[PoolSpec], why: str = "manual") -> SyncOutcome:
+        """Call the billing API once and install a snapshot for each of the account's pools."""
+        meta_key = self.keyspace.sync_meta(account)
+        started = self.now_ms()
+        try:
+            packages = self._lister(account).list_resource_packages()
+        except (BillingError, QuotaGuardError) as exc:
+            kind = type(exc).__name__
+            loud = log.critical if isinstance(exc, BillingAuthError) else log.error
+            loud("❌ [Sync] %s: billing API failed (%s: %s); snapshots stay until they go stale, "
+                 "then these pools get no headroom: %s", account, kind, exc,
+                 ", ".join(s.pool for s in specs))
+            self.client.hset(meta_key, mapping={"next_at": started + RETRY_MS, "last_error": f"{kind}: {exc}",
+                                                "last_error_at": started})
+            return SyncOutcome(account, True, error=f"{kind}: {exc}")
+
+        assignment = assign(packages, specs)
+        results = []
+        next_at = started + self.cfg.sync_interval_minutes * 60_000
+        for spec in specs:
+            pooled = assignment.pools[spec.pool]
+            views = _views(pooled.packages)
+            result = self._sync_pool(spec.pool, views, started)
+            results.append(result)
+            headroom = self.gate.status(spec.pool).decision.headroom
+            if headroom < self.cfg.low_headroom_tokens:
+                next_at = min(next_at, started + self.cfg.sync_low_interval_minutes * 60_000)
+            expiry = next_expiry_ms(views, started)
+            if expiry is not None:
+                next_at = min(next_at, expiry + 60_000)  # see the expiry as soon as the API shows it
+        for miss in assignment.unmatched:
+            log.debug("[Sync] %s: package %s not used (%s)", account, miss.package.instance_no, miss.reason)
+        self.client.hset(meta_key, mapping={
+            "next_at": next_at, "last_at": started, "last_ok_at": started, "last_error": "",
+            "usage_total": self._usage_total(specs), "api_packages": len(packages), "why": why})
+        return SyncOutcome(account, True, tuple(results))
+
+    def _sync_pool(self, pool: str, views: list[PackageView], now: int) -> LimitResult:
+        keys = self.keyspace.pool(pool)
+        raw_state = self.client.get(keys.limit_state)
+        state = LimitState.from_json(json.loads(raw_state) if raw_state else None)
+        status = self.gate.status(pool) if self.client.exists(keys.state) else None
+        minutes, floor = self.gate.timeline(pool)
+        usage = UsageView(tuple(minutes), floor,
+                          lifetime_usage=status.get("ucum") if status else 0,
+                          inflight=status.get("inflight") if status else 0)
+        cfg = self.cfg
+        result = compute_limit(
+            now_ms=now, packages=views, usage=usage, state=state,
+            lag_floor_ms=cfg.lag_floor_minutes * 60_000, small_buffer=cfg.small_buffer,
+            daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * 60_000,
+            evict_below=cfg.evict_below)
+        snapshot = replace(result.snapshot, packages=[asdict(v) for v in views])
+        decision = self.gate.install_snapshot(pool, snapshot)
+        self.client.set(keys.limit_state, json.dumps(result.state.to_json()))
+        today_usage = status.get("day_usage") if status else 0
+        b0 = result.free_total - (usage.lifetime_usage - today_usage)
+        observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // 60_000}min"
+        log.info("🔄 [Sync] %s: Bal=%s UsageAtSync=%s Δ=%smin (observed %s) B0≈%s Expiring=%s "
+                 "Limit=%s Used=%s Headroom=%s",
+                 pool, f"{result.balance:,}", f"{result.settled_usage:,}",
+                 result.lag_assumed_ms // 60_000, observed, f"{b0:,}", f"{result.expiring:,}",
+                 f"{decision.balance_wall:,}", f"{decision.used_balance:,}", f"{decision.headroom:,}")
+        for note in result.notes:
+            log.warning("⚠️ [Sync] %s: %s", pool, note)
+        return result
+
+    # -- the thread ---------------------------------------------------------------------------
+    def tick(self) -> list[SyncOutcome]:
+        """One pass over every account: sync those that are due (the thread calls this)."""
+        by_account: dict[str, list[PoolSpec]] = defaultdict(list)
+        for spec in self.pools():
+            by_account[spec.account].append(spec)
+        outcomes = []
+        for account, specs in sorted(by_account.items()):
+            try:
+                outcomes.append(self.maybe_sync(account, specs))
+            except (StoreUnavailable, OSError, ConnectionError) as exc:
+                log.error("❌ [Sync] %s: store unreachable (%s); will retry", account, exc)
+            except Exception:  # the thread must outlive any one bad sync
+                log.exception("❌ [Sync] %s: unexpected error; will retry", account)
+        return outcomes
+
+    def start(self, poll_seconds: float = 5.0) -> None:
+        if self._thread and self._thread.is_alive():
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.tick()
+                self._stop.wait(poll_seconds)
+
+        self._thread = threading.Thread(target=loop, name="vqg-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout)

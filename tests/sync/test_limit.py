@@ -1,0 +1,97 @@
+"""The limit's arithmetic on the seed's own numbers (pure, no I/O)."""
+
+from __future__ import annotations
+
+from volc_quota_guard.limit import LimitState, PackageView, UsageView, assumed_lag_ms, compute_limit
+
+MIN = 60_000
+T = 1_786_593_720_000  # 2026-08-13 11:22 Beijing
+FLOOR = 20 * MIN
+
+
+def usage(points: dict[int, int], lifetime: int, inflight: int = 0) -> UsageView:
+    """A timeline from {minutes before T: lifetime usage at that minute's end}."""
+    minutes = tuple(sorted(((T // MIN) - ago, u) for ago, u in points.items()))
+    return UsageView(minutes, 0, lifetime, inflight)
+
+
+def limit(packages, view, state=LimitState(), now=T, buffer=50_000):
+    return compute_limit(now_ms=now, packages=packages, usage=view, state=state, lag_floor_ms=FLOOR,
+                         small_buffer=buffer, daily_cap=2_000_000, max_age_ms=90 * MIN, evict_below=1_000)
+
+
+def test_0813_lag_does_not_inflate_the_free_total():
+    """08-13 11:22: v6 read B0 + L = 2,391,794; the lag-compensated estimate stays <= B0 = 2,242,178."""
+    # Usage 515,652 by 11:08 (what the API settled), then a 149,616 burst in 14 minutes.
+    view = usage({30: 400_000, 21: 480_000, 14: 515_652, 7: 600_000, 1: 665_268}, lifetime=665_268)
+    bal = 2_242_178 - 515_652  # the API at 11:22 shows 1,726,526
+    r = limit([PackageView("p1", bal, None)], view)
+    v6 = bal + 665_268
+    assert v6 - 2_242_178 == 149_616
+    assert r.free_total <= 2_242_178
+    assert r.snapshot.balance + r.snapshot.settled_usage - r.snapshot.small_buffer <= 2_242_178 - 50_000
+
+
+def test_0812_v4_false_block_numbers_give_headroom():
+    """08-12 14:59: U=1,696,135, Bal=596,869 (converged) gives B0 = 2,293,004, not a block."""
+    view = usage({90: 1_696_135, 30: 1_696_135, 1: 1_696_135}, lifetime=1_696_135)
+    r = limit([PackageView("p1", 596_869, None)], view)
+    wall = r.free_total - 50_000
+    assert r.free_total == 2_293_004
+    assert wall - 1_696_135 == 546_869  # v4 said 296,869 - 1,696,135 < 0: a false block
+
+
+def test_quiet_stretch_anchors_the_exact_free_total_and_observes_the_lag():
+    """After a quiet anchor, the balance locates the API's settled-through point: a 30-min lag is seen."""
+    quiet = usage({300: 100_000, 1: 100_000}, lifetime=100_000)
+    first = limit([PackageView("p1", 1_900_000, None)], quiet)
+    assert first.state.anchor_free_total == 2_000_000
+    # 60 minutes of steady traffic, 10k per minute; the API has settled only up to 30 minutes ago.
+    later = T + 60 * MIN
+    points = {m: 100_000 + (60 - m) * 10_000 for m in range(0, 60)}
+    view = UsageView(tuple(sorted(((later // MIN) - ago, u) for ago, u in points.items())), 100_000,
+                     lifetime_usage=700_000, inflight=0)
+    settled = 100_000 + 30 * 10_000
+    r = limit([PackageView("p1", 2_000_000 - settled, None)], view, state=first.state, now=later)
+    # A lower bound, to the minute: the settled point lies inside the first unsettled minute.
+    assert r.lag_observed_ms is not None and 27 * MIN <= r.lag_observed_ms <= 30 * MIN
+    assert assumed_lag_ms(r.state, later, FLOOR) >= 35 * MIN
+    # The anchor is exact; the lag-compensated estimate (1.6M + U(t - 37 min)) undershoots it.
+    assert r.free_total == 2_000_000 and r.state.lowest_free_total < 2_000_000
+
+
+def test_a_new_package_set_starts_estimates_afresh_but_keeps_lags():
+    """A return package changes the set: the anchor goes, the observed lags stay."""
+    state = LimitState(package_set=("p1",), lowest_free_total=1_000_000, anchor_free_total=1_000_000,
+                       lags=((T - MIN, 30 * MIN),))
+    view = usage({120: 500_000, 45: 600_000, 1: 700_000}, lifetime=700_000)
+    r = limit([PackageView("p1", 300_000, None), PackageView("p2", 1_500_000, None)], view, state=state)
+    assert r.state.anchor_free_total is None and r.state.lags == state.lags
+    assert r.lag_assumed_ms == int(30 * MIN * 1.25) + 2 * MIN
+    assert r.free_total == 1_800_000 + 600_000  # U(t - 39.5 min) = 600,000
+
+
+def test_lowest_estimate_is_kept_while_the_set_is_unchanged():
+    """Between syncs with the same packages the lowest free-total estimate wins."""
+    state = LimitState(package_set=("p1",), lowest_free_total=1_950_000)
+    view = usage({60: 100_000, 1: 200_000}, lifetime=200_000)
+    r = limit([PackageView("p1", 1_900_000, None)], view, state=state)
+    assert r.free_total == 1_950_000
+
+
+def test_packages_expiring_before_the_snapshot_do_are_taken_off():
+    """Free tokens in a package that expires within the snapshot's life are not counted."""
+    view = usage({300: 0}, lifetime=0)
+    r = limit([PackageView("old", 400_000, T + 60 * MIN), PackageView("new", 1_200_000, T + 30 * 86_400_000)],
+              view)
+    assert r.expiring == 400_000
+    assert r.snapshot.balance + r.snapshot.settled_usage - r.expiring - 50_000 == 1_150_000
+
+
+def test_balance_drop_beyond_recorded_usage_is_flagged():
+    """If the API settled more than we ever recorded, usage bypassed the proxy: say so."""
+    state = LimitState(package_set=("p1",), anchor_free_total=2_000_000, anchor_ms=T - 60 * MIN)
+    view = usage({30: 100_000, 1: 100_000}, lifetime=100_000, inflight=5)
+    r = limit([PackageView("p1", 1_700_000, None)], view, state=state)
+    assert r.external_usage and any("outside the proxy" in n for n in r.notes)
+    assert r.free_total <= 1_700_000 + 100_000
