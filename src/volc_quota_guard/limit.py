@@ -35,18 +35,24 @@ LAG_PAD_MS = 2 * MINUTE_MS
 
 @dataclass(frozen=True)
 class PackageView:
-    """One free token package as the balance API shows it now."""
+    """One free token package (Effective or UsedUp) as the balance API shows it now."""
 
     instance_no: str
     available: int
     expires_ms: int | None
+    total: int = 0  # the package's size (TotalAmount); 0 = unknown, use `available`
+
+    @property
+    def size(self) -> int:
+        return self.total or self.available
 
 
 @dataclass(frozen=True)
 class LimitState:
     """What the estimator carries from one sync to the next (stored as JSON per pool)."""
 
-    package_set: tuple[str, ...] = ()
+    packages: tuple[tuple[str, int], ...] = ()  # (instance no, last available) at the last sync
+    gone: tuple[str, ...] = ()  # packages that left the list (expired), newest last
     lowest_free_total: int | None = None
     anchor_free_total: int | None = None
     anchor_ms: int = 0
@@ -61,7 +67,8 @@ class LimitState:
         if not raw:
             return cls()
         return cls(
-            package_set=tuple(raw.get("package_set") or ()),  # type: ignore[arg-type]
+            packages=tuple((str(i), int(a)) for i, a in raw.get("packages") or ()),  # type: ignore[union-attr]
+            gone=tuple(raw.get("gone") or ()),  # type: ignore[arg-type]
             lowest_free_total=raw.get("lowest_free_total"),  # type: ignore[arg-type]
             anchor_free_total=raw.get("anchor_free_total"),  # type: ignore[arg-type]
             anchor_ms=int(raw.get("anchor_ms") or 0),  # type: ignore[call-overload]
@@ -126,12 +133,8 @@ def compute_limit(
     evict_below: int,
 ) -> LimitResult:
     balance = sum(p.available for p in packages)
-    package_set = tuple(sorted(p.instance_no for p in packages))
     notes: list[str] = []
-    if package_set != state.package_set:
-        if state.package_set:
-            notes.append("package set changed: free-total estimates start afresh")
-        state = replace(state, package_set=package_set, lowest_free_total=None, anchor_free_total=None)
+    state = _follow_package_changes(state, packages, notes)
 
     quiet = usage.inflight == 0 and usage.usage_at(now_ms - QUIET_MS) == usage.lifetime_usage
     if quiet:
@@ -173,6 +176,39 @@ def compute_limit(
                         valid_until_ms=valid_until, evict_below=evict_below)
     return LimitResult(snapshot, state, balance, settled_usage, free_total, lag, observed,
                        expiring, external, notes)
+
+
+def _follow_package_changes(state: LimitState, packages: Sequence[PackageView],
+                            notes: list[str]) -> LimitState:
+    """Carry the free-total estimates across package arrivals and expiries.
+
+    A new package adds its full size to F (consumption only moves tokens from Bal to U); one
+    that left the list takes away at most the balance the API last showed for it (lagged, so
+    never less than what truly expired). A package that comes back after leaving is not
+    understood: the estimates start afresh.
+    """
+    before = dict(state.packages)
+    now = {p.instance_no: p for p in packages}
+    seen = [(p.instance_no, p.available) for p in packages]
+    if not state.last_sync_ms:
+        return replace(state, packages=tuple(seen))
+    added = [p for i, p in now.items() if i not in before]
+    left = [i for i in before if i not in now]
+    gone = (*state.gone, *left)[-200:]
+    state = replace(state, packages=tuple(seen), gone=gone)
+    if not added and not left:
+        return state
+    if any(p.instance_no in state.gone for p in added):
+        notes.append("a package came back after leaving the list: free-total estimates start afresh")
+        return replace(state, lowest_free_total=None, anchor_free_total=None)
+    delta = sum(p.size for p in added) - sum(before[i] for i in left)
+    notes.append(f"packages changed (+{len(added)} / -{len(left)}): free total moves by {delta:+,}")
+
+    def shift(v: int | None) -> int | None:
+        return None if v is None else v + delta
+
+    return replace(state, lowest_free_total=shift(state.lowest_free_total),
+                   anchor_free_total=shift(state.anchor_free_total))
 
 
 def next_expiry_ms(packages: Sequence[PackageView], now_ms: int) -> int | None:

@@ -46,8 +46,9 @@ class SyncOutcome:
 
 
 def _views(packages: Iterable[ResourcePackage]) -> list[PackageView]:
-    return [PackageView(p.instance_no, p.available, p.expires_ms)
-            for p in packages if p.is_effective and p.is_token_unit]
+    # UsedUp packages stay in the view (at 0) so running one dry is not a package change.
+    return [PackageView(p.instance_no, p.available if p.is_effective else 0, p.expires_ms, p.total)
+            for p in packages if p.is_token_unit and p.status.lower() in ("effective", "usedup")]
 
 
 class SyncService:

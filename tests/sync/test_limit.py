@@ -60,20 +60,40 @@ def test_quiet_stretch_anchors_the_exact_free_total_and_observes_the_lag():
     assert r.free_total == 2_000_000 and r.state.lowest_free_total < 2_000_000
 
 
-def test_a_new_package_set_starts_estimates_afresh_but_keeps_lags():
-    """A return package changes the set: the anchor goes, the observed lags stay."""
-    state = LimitState(package_set=("p1",), lowest_free_total=1_000_000, anchor_free_total=1_000_000,
-                       lags=((T - MIN, 30 * MIN),))
+def test_a_return_package_moves_the_estimates_by_its_size():
+    """A new package adds its full size to the free total; anchor and observed lags carry over."""
+    state = LimitState(packages=(("p1", 300_000),), anchor_free_total=1_000_000, anchor_ms=T - 200 * MIN,
+                       lowest_free_total=990_000, lags=((T - MIN, 30 * MIN),), last_sync_ms=T - 10 * MIN)
     view = usage({120: 500_000, 45: 600_000, 1: 700_000}, lifetime=700_000)
-    r = limit([PackageView("p1", 300_000, None), PackageView("p2", 1_500_000, None)], view, state=state)
-    assert r.state.anchor_free_total is None and r.state.lags == state.lags
-    assert r.lag_assumed_ms == int(30 * MIN * 1.25) + 2 * MIN
-    assert r.free_total == 1_800_000 + 600_000  # U(t - 39.5 min) = 600,000
+    r = limit([PackageView("p1", 300_000, None), PackageView("p2", 1_500_000, None, 1_500_000)], view,
+              state=state)
+    assert r.state.anchor_free_total == 2_500_000 and r.state.lags == state.lags
+    assert r.free_total == 2_500_000
+    assert r.state.lowest_free_total == min(990_000 + 1_500_000, 1_800_000 + 600_000)
+
+
+def test_an_expired_package_takes_away_its_last_seen_balance():
+    """A package that left the list lowers the free total by the balance the API last showed."""
+    state = LimitState(packages=(("old", 120_000), ("p1", 900_000)), anchor_free_total=1_500_000,
+                       lowest_free_total=1_500_000, last_sync_ms=T - 30 * MIN)
+    view = usage({60: 480_000, 1: 480_000}, lifetime=480_000)
+    r = limit([PackageView("p1", 900_000, None)], view, state=state)
+    assert r.free_total == 1_380_000 and r.state.gone == ("old",)
+
+
+def test_a_package_that_comes_back_resets_the_estimates():
+    """A package seen leaving and then listed again is not trusted: estimates start afresh."""
+    state = LimitState(packages=(("p1", 900_000),), gone=("old",), anchor_free_total=1_500_000,
+                       lowest_free_total=1_500_000, last_sync_ms=T - 30 * MIN)
+    view = usage({60: 480_000, 21: 500_000, 1: 520_000}, lifetime=520_000, inflight=1)
+    r = limit([PackageView("p1", 900_000, None), PackageView("old", 100_000, None)], view, state=state)
+    assert r.state.anchor_free_total is None
+    assert r.free_total == 1_000_000 + 500_000  # Bal + U(t - 20 min), nothing carried over
 
 
 def test_lowest_estimate_is_kept_while_the_set_is_unchanged():
     """Between syncs with the same packages the lowest free-total estimate wins."""
-    state = LimitState(package_set=("p1",), lowest_free_total=1_950_000)
+    state = LimitState(packages=(("p1", 1_900_000),), lowest_free_total=1_950_000, last_sync_ms=T - MIN)
     view = usage({60: 100_000, 1: 200_000}, lifetime=200_000)
     r = limit([PackageView("p1", 1_900_000, None)], view, state=state)
     assert r.free_total == 1_950_000
@@ -90,7 +110,8 @@ def test_packages_expiring_before_the_snapshot_do_are_taken_off():
 
 def test_balance_drop_beyond_recorded_usage_is_flagged():
     """If the API settled more than we ever recorded, usage bypassed the proxy: say so."""
-    state = LimitState(package_set=("p1",), anchor_free_total=2_000_000, anchor_ms=T - 60 * MIN)
+    state = LimitState(packages=(("p1", 1_800_000),), anchor_free_total=2_000_000, anchor_ms=T - 60 * MIN,
+                       last_sync_ms=T - 10 * MIN)
     view = usage({30: 100_000, 1: 100_000}, lifetime=100_000, inflight=5)
     r = limit([PackageView("p1", 1_700_000, None)], view, state=state)
     assert r.external_usage and any("outside the proxy" in n for n in r.notes)

@@ -1,0 +1,234 @@
+"""The discrete-event loop: one scenario, one strategy, one fresh ledger, in Beijing time.
+
+Events, in time order (at equal times: settles, then the strategy's sync, then samples, then
+arrivals): a request *arrives* (the strategy admits it, maybe with a clamped output cap, or
+refuses it), runs `duration_seconds`, then *settles*: the ledger consumes its true tokens at that
+instant (billing what exceeds the true free balance) and the strategy records the usage the
+upstream reported. The ledger applies return packages and expiries lazily, in order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from ..clock import ManualClock, beijing_day
+from ..config import Settings, load_settings
+from ..fake.ledger import Ledger
+from .scenario import MINUTE_MS, Scenario, arrivals
+from .strategies import (
+    POOL,
+    STRATEGIES,
+    Admission,
+    GuardStrategy,
+    HistoricalStrategy,
+    SimRequest,
+    Strategy,
+    sync_logs,
+)
+
+RESULT_KEYS = ("scenario", "strategy", "billed_tokens", "burned_tokens", "expired_tokens",
+               "served_requests", "blocked_requests", "clamped_requests", "served_tokens",
+               "refused_while_free_tokens")
+EXPIRY_DAYS = 30
+
+
+class _ScenarioSettings(Settings):
+    """Settings from their defaults and the scenario only: the run does not depend on the env."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def guard_settings(scenario: Scenario, *, from_env: bool = False) -> Settings:
+    """The guard's settings for a run: production defaults (or VQG_* with `from_env`), with the
+    scenario's SMALL_BUFFER, daily cap and sync interval."""
+    if from_env:
+        return load_settings(small_buffer=scenario.small_buffer, daily_cap=scenario.daily_cap,
+                             sync_interval_minutes=scenario.sync_interval_minutes)
+    return _ScenarioSettings(small_buffer=scenario.small_buffer, daily_cap=scenario.daily_cap,
+                             sync_interval_minutes=scenario.sync_interval_minutes)
+
+
+@dataclass
+class Series:
+    """What a plot shows, sampled every `step_ms` (plus each block and bill as it happens)."""
+
+    step_ms: int
+    daily_cap: int
+    t: list[int] = field(default_factory=list)
+    true_balance: list[int] = field(default_factory=list)
+    api_balance: list[int] = field(default_factory=list)
+    usage_today: list[int] = field(default_factory=list)
+    limit_today: list[int] = field(default_factory=list)
+    billed: list[int] = field(default_factory=list)  # cumulative
+    blocked_at: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    scenario: str
+    strategy: str
+    billed_tokens: int
+    burned_tokens: int
+    expired_tokens: int
+    served_requests: int
+    blocked_requests: int
+    clamped_requests: int
+    served_tokens: int
+    refused_while_free_tokens: int
+    syncs: int = 0
+    elapsed_s: float = 0.0
+    series: Series | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The SCENARIOS.md output object: exactly these keys, in this order."""
+        return {k: getattr(self, k) for k in RESULT_KEYS}
+
+
+def make_ledger(s: Scenario) -> Ledger:
+    ledger = Ledger(daily_cap=s.daily_cap, return_at=None, lag_minutes=s.settlement_lag_minutes,
+                    expiry_days=EXPIRY_DAYS)
+    if s.return_at is not None:  # the ledger takes "HH:MM"; ours may carry seconds
+        ledger.return_offset_ms = s.return_at
+    ledger.ensure_pool(POOL)
+    for p in s.packages:
+        acquired = int(p.acquired.timestamp() * 1000)
+        expires = None if p.expires is None else int(p.expires.timestamp() * 1000)
+        ledger.add_package(POOL, p.amount, acquired, expires_ms=expires)
+    if s.yesterday_collection:
+        ledger.set_collection(POOL, beijing_day(s.start_ms) - 1, s.yesterday_collection)
+    return ledger
+
+
+def make_strategy(name: str, s: Scenario, ledger: Ledger, clock: ManualClock, cfg: Settings,
+                  errors: Any) -> Strategy:
+    if name == "guard":
+        return GuardStrategy(s, ledger, clock, cfg, errors)
+    if name in STRATEGIES:
+        return HistoricalStrategy(name, s, ledger)
+    raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+
+
+_SETTLE, _WAKE, _SAMPLE, _ARRIVE = range(4)
+_NEVER = 1 << 62
+
+
+def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
+             sample_minutes: int | None = None, from_env: bool = False,
+             verbose: bool = False) -> RunResult:
+    """Run one scenario under one strategy; deterministic for a given scenario and settings."""
+    started = time.perf_counter()
+    clock = ManualClock(s.start_ms)
+    ledger = make_ledger(s)
+    cfg = guard_settings(s, from_env=from_env)
+    end = s.end_ms
+    step = (sample_minutes or (5 if s.days <= 3 else 30)) * MINUTE_MS
+    out = Series(step, s.daily_cap) if series else None
+
+    served = blocked = clamped = served_tokens = refused_free = 0
+    pending = 0  # true tokens of admitted requests that have not settled yet
+    spared: dict[int, int] = {}  # Beijing day -> refused tokens counted as would-have-fit
+    settles: list[tuple[int, int, SimRequest, Admission, int]] = []
+    seq = 0
+    todo = list(arrivals(s))
+    next_arrival = 0
+    next_sample = s.start_ms if out else _NEVER
+
+    with sync_logs(verbose) as errors:
+        strat = make_strategy(strategy, s, ledger, clock, cfg, errors)
+        strat.start(s.start_ms)
+        while True:
+            wake = strat.wakeup_at()
+            candidates = (
+                (settles[0][0] if settles else _NEVER, _SETTLE),
+                (wake if wake is not None and wake < end else _NEVER, _WAKE),
+                (next_sample if next_sample < end else _NEVER, _SAMPLE),
+                (todo[next_arrival].at_ms if next_arrival < len(todo) else _NEVER, _ARRIVE),
+            )
+            now, kind = min(candidates)
+            if now >= _NEVER:
+                break
+            clock.set(now)
+
+            if kind == _SETTLE:
+                _, _, req, adm, tokens = heapq.heappop(settles)
+                ledger.consume(POOL, tokens, now)
+                pending -= tokens
+                served += 1
+                served_tokens += tokens
+                strat.settle(req, adm, None if req.line.usage == "missing" else tokens, now)
+            elif kind == _WAKE:
+                strat.wake(now)
+            elif kind == _SAMPLE:
+                assert out is not None
+                totals = ledger.totals(POOL, now)
+                view = strat.view(now)
+                out.t.append(now)
+                out.true_balance.append(totals.true_balance)
+                out.api_balance.append(totals.api_balance)
+                out.usage_today.append(view.usage_today)
+                out.limit_today.append(view.limit_today)
+                out.billed.append(totals.billed)
+                next_sample += step
+            else:
+                arrival = todo[next_arrival]
+                next_arrival += 1
+                line = s.traffic[arrival.line]
+                for _ in range(arrival.count):
+                    seq += 1
+                    req = SimRequest(f"req-{seq}", now, line, line.estimate())
+                    adm = strat.admit(req, now)
+                    if not adm.admitted:
+                        blocked += 1
+                        if out is not None:
+                            out.blocked_at.append(now)
+                        cap = strat.full_output(line)
+                        would = line.prompt + (line.completion if cap is None else min(line.completion, cap))
+                        day = beijing_day(now)
+                        if _fits(ledger, s, now, would, pending + spared.get(day, 0)):
+                            refused_free += would
+                            spared[day] = spared.get(day, 0) + would
+                        continue
+                    clamped += adm.clamped
+                    made = line.completion if adm.output_cap is None else min(line.completion, adm.output_cap)
+                    tokens = line.prompt + made
+                    pending += tokens
+                    done = now + round(line.duration_seconds * 1000)
+                    heapq.heappush(settles, (done, seq, req, adm, tokens))
+
+        final = max(end, clock.now_ms())
+        totals = ledger.totals(POOL, final)
+    return RunResult(
+        scenario=s.name, strategy=strategy, billed_tokens=totals.billed,
+        burned_tokens=totals.burned, expired_tokens=totals.expired, served_requests=served,
+        blocked_requests=blocked, clamped_requests=clamped, served_tokens=served_tokens,
+        refused_while_free_tokens=refused_free, syncs=strat.syncs,
+        elapsed_s=time.perf_counter() - started, series=out)
+
+
+def _fits(ledger: Ledger, s: Scenario, now: int, tokens: int, pending: int) -> bool:
+    """Would `tokens` more have stayed within the true free balance and today's cap?
+
+    `pending` counts in-flight requests and the refused tokens of today already counted as
+    fitting (as if they had run), so a run of refusals is not counted past what was free.
+    """
+    totals = ledger.totals(POOL, now)
+    return (tokens <= totals.true_balance - pending
+            and totals.collected_today + pending + tokens <= s.daily_cap)
+
+
+def run_all(s: Scenario, strategies: list[str], **kwargs: Any) -> list[RunResult]:
+    return [simulate(s, name, **kwargs) for name in strategies]

@@ -1,0 +1,331 @@
+"""What decides, in a simulation, whether a request may run: the guard or a historical formula.
+
+`GuardStrategy` drives the production code — `Gate` (reserve with clamp, settle) and
+`SyncService.tick()` fed by the fake ledger's lagged API view — on a fresh embedded store through a
+`ManualClock`. Nothing of the guard is re-implemented here: only the hook's arithmetic around
+the gate (what to reserve, how a grant becomes the upstream's `max_tokens`).
+
+`HistoricalStrategy` is the seed's pre-guard code (seed 000 §7), small on purpose:
+today's usage (Beijing day, counted when a request succeeds) against a limit recomputed at each
+sync from the API's balance, no in-flight accounting, no clamp.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import fakeredis
+
+from ..billing import ResourcePackage
+from ..clock import ManualClock, beijing_day
+from ..config import Settings
+from ..fake.ledger import Ledger
+from ..gate import Gate
+from ..keys import KeySpace
+from ..limit import LimitResult
+from ..packages import PoolSpec
+from ..sync import BURST_SPACING_MS, SyncService
+from .scenario import MINUTE_MS, Scenario, TrafficLine
+
+ACCOUNT = "sim"
+MODEL = "deepseek-v4-flash-ga-260731"  # the seed's model; the ledger names its packages after it
+POOL = f"{ACCOUNT}/{MODEL}"
+
+# The hook's clamp: a request that does not fit is still admitted with a smaller output cap,
+# down to this many output tokens; below that it is refused (DESIGN §3). Equal to
+# hook.MIN_OUTPUT_TOKENS (a test checks); not imported, so the simulator does not load litellm.
+MIN_CLAMPED_OUTPUT = 256
+POLL_MS = 5_000  # the sync thread polls every 5 s (SyncService.start)
+
+# The historical code's constants (seed 000 §7).
+HISTORICAL_BUFFER = 300_000  # v2 / v4 / v5 BUFFER
+PREBLOCK_RESERVE_TOKENS = 50_000  # reserve when a request has no max_tokens
+BURST_SYNC_TOKENS = 100_000  # a sync right after this much usage since the last one
+LOW_REMAINING = 300_000  # below this much left, sync every LOW_INTERVAL
+LOW_INTERVAL_MS = 5 * MINUTE_MS
+
+STRATEGIES = ("guard", "v2", "v4", "v5", "v6")
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    rid: str
+    start_ms: int
+    line: TrafficLine
+    estimate: int  # the tokenizer's count of the prompt
+
+
+@dataclass(frozen=True)
+class Admission:
+    admitted: bool
+    output_cap: int | None = None  # the upstream's max_tokens (None: the model's own limit)
+    clamped: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class LimitView:
+    """A strategy's picture of today, for plots: usage so far and what it may reach."""
+
+    usage_today: int
+    limit_today: int
+
+
+class Strategy(Protocol):
+    name: str
+
+    def start(self, now: int) -> None: ...
+
+    def admit(self, req: SimRequest, now: int) -> Admission: ...
+
+    def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None: ...
+
+    def wakeup_at(self) -> int | None:
+        """When the strategy's background work (its sync) next wants to run."""
+
+    def wake(self, now: int) -> None: ...
+
+    def full_output(self, line: TrafficLine) -> int | None:
+        """The output cap a request would get if admitted without a clamp (None: uncapped)."""
+
+    def view(self, now: int) -> LimitView: ...
+
+    @property
+    def syncs(self) -> int: ...
+
+
+# ---------------------------------------------------------------------- the guard
+
+
+class LedgerLister:
+    """`ListResourcePackages` of one account, answered in-process from the ledger's lagged view."""
+
+    def __init__(self, ledger: Ledger, account: str, clock: ManualClock) -> None:
+        self.ledger = ledger
+        self.account = account
+        self.clock = clock
+        self.calls = 0
+
+    def list_resource_packages(self) -> list[ResourcePackage]:
+        self.calls += 1
+        now = self.clock.now_ms()
+        return [
+            ResourcePackage(
+                instance_no=v.instance_no, product=v.product, product_name=v.product_name,
+                configuration_code=v.configuration_code, configuration_name=v.configuration_name,
+                unit=v.unit, total=v.total, available=v.available, status=v.status,
+                effective_ms=v.acquired_ms, expires_ms=v.expires_ms)
+            for pool in self.ledger.pools() if pool.split("/", 1)[0] == self.account
+            for v in self.ledger.api_view(pool, now)
+        ]
+
+
+class SimulationError(RuntimeError):
+    """The production code failed inside a simulation (a bug to report, not a scenario error)."""
+
+
+class _SyncErrors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def sync_logs(verbose: bool) -> Iterator[_SyncErrors]:
+    """Quiet the sync's per-sync INFO lines (unless verbose) and catch its ERROR lines."""
+    logger = logging.getLogger("volc_quota_guard.sync")
+    errors = _SyncErrors()
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO if verbose else logging.ERROR)
+    logger.propagate = verbose
+    logger.addHandler(errors)
+    try:
+        yield errors
+    finally:
+        logger.removeHandler(errors)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+
+
+class GuardStrategy:
+    """The production gate + limit + sync on a fresh embedded store and a manual clock."""
+
+    name = "guard"
+
+    def __init__(self, scenario: Scenario, ledger: Ledger, clock: ManualClock, cfg: Settings,
+                 errors: _SyncErrors) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        self.keyspace = KeySpace("sim")
+        self.gate = Gate(self.client, self.keyspace, clock)
+        self.lister = LedgerLister(ledger, ACCOUNT, clock)
+        self.sync = SyncService(cfg, self.gate, pools=lambda: [PoolSpec(POOL)],
+                                lister_for=lambda account: self.lister, clock=clock)
+        self._errors = errors
+        self._origin = scenario.start_ms
+        self._wakeups: list[int] = []
+        self._queued: set[int] = set()
+        self.sync_results: list[tuple[int, LimitResult]] = []
+        self._usage_at_sync = 0
+        self._last_at = 0
+
+    @property
+    def syncs(self) -> int:
+        return self.lister.calls
+
+    # -- the sync thread --------------------------------------------------------------------
+    def _poll_at(self, ms: int) -> int:
+        """The first poll of the sync thread at or after `ms` (it polls every POLL_MS)."""
+        return self._origin + -(-(ms - self._origin) // POLL_MS) * POLL_MS
+
+    def _schedule(self, ms: int) -> None:
+        at = self._poll_at(ms)
+        if at not in self._queued:
+            self._queued.add(at)
+            heapq.heappush(self._wakeups, at)
+
+    def start(self, now: int) -> None:
+        self._schedule(now)
+
+    def wakeup_at(self) -> int | None:
+        return self._wakeups[0] if self._wakeups else None
+
+    def wake(self, now: int) -> None:
+        while self._wakeups and self._wakeups[0] <= now:
+            self._queued.discard(heapq.heappop(self._wakeups))
+        for outcome in self.sync.tick():
+            self.sync_results += [(now, r) for r in outcome.results]
+        if self._errors.records:
+            record = self._errors.records[0]
+            raise SimulationError(f"the sync failed at {now}: {record.getMessage()}")
+        meta = self.client.hgetall(self.keyspace.sync_meta(ACCOUNT))
+        self._usage_at_sync = int(meta.get(b"usage_total", 0))
+        self._last_at = int(meta.get(b"last_at", 0))
+        self._schedule(max(now + 1, int(meta.get(b"next_at", now + 1))))
+
+    def _burst_pending(self, usage: int, now: int) -> None:
+        """Poll when the sync's burst rule could fire (`SyncService.due` decides)."""
+        if usage - self._usage_at_sync >= self.cfg.burst_tokens:
+            self._schedule(max(now, self._last_at + BURST_SPACING_MS))
+
+    # -- the hook ---------------------------------------------------------------------------
+    def full_output(self, line: TrafficLine) -> int | None:
+        return line.max_tokens if line.max_tokens is not None else self.cfg.default_output_tokens
+
+    def admit(self, req: SimRequest, now: int) -> Admission:
+        cap = self.full_output(req.line)
+        assert cap is not None
+        wanted = req.estimate + cap
+        least = req.estimate + min(cap, MIN_CLAMPED_OUTPUT)
+        d = self.gate.reserve(POOL, req.rid, wanted, least,
+                              ttl_ms=self.cfg.reservation_ttl_seconds * 1000)
+        if not d.admitted:
+            return Admission(False, reason=d.reason)
+        # The hook sends the upstream max_tokens = grant − estimated input.
+        return Admission(True, output_cap=d.amount - req.estimate, clamped=d.amount < wanted,
+                         reason=d.reason)
+
+    def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None:
+        d = self.gate.settle(POOL, req.rid, reported)
+        self._burst_pending(d.used_balance - d.inflight, now)
+
+    def view(self, now: int) -> LimitView:
+        d = self.gate.status(POOL).decision
+        if d.reason == "no_snapshot":
+            return LimitView(0, 0)
+        return LimitView(d.used_today, d.used_today + max(d.headroom, 0))
+
+
+# ---------------------------------------------------------------------- the seed's formulas
+
+
+class HistoricalStrategy:
+    """v2 / v5: min(cap, usage + balance − 300,000); v4: min(cap, balance − 300,000);
+    v6: min(cap, balance_at_sync + usage_at_sync − SMALL_BUFFER) with reserve = estimated input +
+    max_tokens and post-call soft-evict. Usage is today's, counted at success (0 when the
+    upstream omits usage); the check is ``usage + reserve >= limit → 429``."""
+
+    def __init__(self, name: str, scenario: Scenario, ledger: Ledger) -> None:
+        if name not in ("v2", "v4", "v5", "v6"):
+            raise ValueError(f"unknown historical strategy {name!r}")
+        self.name = name
+        self.ledger = ledger
+        self.cap = scenario.daily_cap
+        self.small_buffer = scenario.small_buffer
+        self.interval_ms = scenario.sync_interval_minutes * MINUTE_MS
+        self.usage: dict[int, int] = {}  # Beijing day -> usage counted
+        self.limit = 0
+        self.next_sync: int | None = None
+        self.since_sync = 0
+        self.evicted = False
+        self._syncs = 0
+
+    @property
+    def syncs(self) -> int:
+        return self._syncs
+
+    def today(self, now: int) -> int:
+        return self.usage.get(beijing_day(now), 0)
+
+    def formula(self, balance: int, usage: int) -> int:
+        if self.name in ("v2", "v5"):
+            stable = usage + balance - HISTORICAL_BUFFER
+            return min(self.cap, max(0, stable) if self.name == "v5" else stable)
+        if self.name == "v4":
+            return min(self.cap, max(0, balance - HISTORICAL_BUFFER))
+        return min(self.cap, balance + usage - self.small_buffer)
+
+    def sync(self, now: int) -> None:
+        self._syncs += 1
+        usage = self.today(now)
+        self.limit = self.formula(self.ledger.api_balance(POOL, now), usage)
+        self.since_sync = 0
+        if self.evicted and usage < self.limit:
+            self.evicted = False  # the deployment is renamed back
+        low = self.limit - usage < LOW_REMAINING
+        self.next_sync = now + (min(self.interval_ms, LOW_INTERVAL_MS) if low else self.interval_ms)
+
+    def start(self, now: int) -> None:
+        self.sync(now)
+
+    def wakeup_at(self) -> int | None:
+        return self.next_sync
+
+    def wake(self, now: int) -> None:
+        self.sync(now)
+
+    def full_output(self, line: TrafficLine) -> int | None:
+        return line.max_tokens
+
+    def reserve(self, req: SimRequest) -> int:
+        asked = req.line.max_tokens or PREBLOCK_RESERVE_TOKENS
+        return req.estimate + asked if self.name == "v6" else asked
+
+    def admit(self, req: SimRequest, now: int) -> Admission:
+        if self.evicted:
+            return Admission(False, reason="evicted")
+        if self.today(now) + self.reserve(req) >= self.limit:
+            return Admission(False, reason="limit")
+        return Admission(True, output_cap=req.line.max_tokens)
+
+    def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None:
+        counted = reported or 0
+        day = beijing_day(now)
+        self.usage[day] = self.usage.get(day, 0) + counted
+        self.since_sync += counted
+        if self.name == "v6" and self.usage[day] >= self.limit:
+            self.evicted = True
+        if self.since_sync > BURST_SYNC_TOKENS:
+            self.sync(now)
+
+    def view(self, now: int) -> LimitView:
+        return LimitView(self.today(now), self.limit)

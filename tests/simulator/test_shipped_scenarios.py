@@ -1,0 +1,83 @@
+"""Every shipped scenario under every strategy, run once per module: the guard's verdicts and
+the seed incidents the historical formulas must reproduce."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from volc_quota_guard.simulator import (
+    RESULT_KEYS,
+    STRATEGIES,
+    RunResult,
+    builtin_names,
+    load_scenario,
+    simulate,
+)
+
+Results = dict[str, dict[str, RunResult]]
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict[str, RunResult]]:
+    """scenario -> strategy -> result, for every shipped scenario (the guard runs dominate)."""
+    out: dict[str, dict[str, RunResult]] = {}
+    started = time.perf_counter()
+    for name in builtin_names():
+        scenario = load_scenario(name)
+        out[name] = {st: simulate(scenario, st) for st in STRATEGIES}
+    print(f"shipped scenarios × strategies: {time.perf_counter() - started:.1f}s")
+    return out
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_the_guard_never_bills_nor_burns(results: Results, name: str) -> None:
+    """On every shipped scenario the guard's true usage stays inside the free balance and the cap."""
+    guard = results[name]["guard"]
+    assert (guard.billed_tokens, guard.burned_tokens) == (0, 0), guard.as_json()
+
+
+def test_a_historical_formula_bills_on_the_lag_day_below_the_cap(results: Results) -> None:
+    """Seed 000 §7.6 risk 1: with B0 < 2M, v6's limit B0 + L − 50k runs into paid billing."""
+    lag = results["seed-0813-lag-below-cap"]
+    assert lag["v6"].billed_tokens > 50_000
+    assert lag["guard"].billed_tokens == 0
+
+
+def test_on_the_real_0813_lag_day_the_static_cap_saved_v6(results: Results) -> None:
+    """Seed 000 §7.6: B0 = 2,242,178 > 2M, so v6 did not bill that day — the 2M wall held it."""
+    assert all(r.billed_tokens == 0 for r in results["seed-0813-lag"].values())
+
+
+def test_v4_blocks_while_free_tokens_remain_on_0812(results: Results) -> None:
+    """Seed 000 §7.3: v4 refuses the afternoon with ~600k free; the guard serves all of it."""
+    day = results["seed-0812-v4-false-block"]
+    assert day["v4"].refused_while_free_tokens > 200_000
+    assert day["guard"].blocked_requests == 0
+
+
+def test_the_2053_requests_burn_past_the_cap_except_under_the_guard(results: Results) -> None:
+    """Seed 000 §7.7: concurrent 176,571-token requests took the day past 2M (~2.05M)."""
+    day = results["seed-0812-2053-big-request"]
+    for st in ("v2", "v5", "v6"):
+        assert 40_000 < day[st].burned_tokens < 60_000
+    assert day["guard"].burned_tokens == 0
+    assert day["guard"].blocked_requests == 1
+
+
+def test_an_unused_gift_expires_whatever_the_gate(results: Results) -> None:
+    """Seed 000 §1.3: below ~66.7k a day the gift package's rest expires (the consume task's job)."""
+    month = results["low-usage-month"]
+    assert {r.expired_tokens for r in month.values()} == {month["guard"].expired_tokens}
+    assert month["guard"].expired_tokens > 1_000_000
+    assert month["guard"].blocked_requests == 0
+
+
+def test_results_carry_exactly_the_documented_keys(results: Results) -> None:
+    """The JSON object has exactly SCENARIOS.md's keys (other tools read them)."""
+    obj = results["seed-0813-lag"]["guard"].as_json()
+    assert tuple(obj) == RESULT_KEYS
+    assert RESULT_KEYS == ("scenario", "strategy", "billed_tokens", "burned_tokens", "expired_tokens",
+                           "served_requests", "blocked_requests", "clamped_requests", "served_tokens",
+                           "refused_while_free_tokens")
+    assert all(isinstance(v, int) for k, v in obj.items() if k not in ("scenario", "strategy"))

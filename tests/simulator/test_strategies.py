@@ -1,0 +1,98 @@
+"""The pieces around the production code: the historical formulas, the clamp, the lagged lister."""
+
+from __future__ import annotations
+
+import pytest
+
+from volc_quota_guard.clock import ManualClock
+from volc_quota_guard.packages import PoolSpec, assign
+from volc_quota_guard.simulator import POOL, parse_scenario, simulate
+from volc_quota_guard.simulator.engine import make_ledger
+from volc_quota_guard.simulator.strategies import HistoricalStrategy, LedgerLister
+
+BASE = """\
+version: 1
+name: unit
+start: 2026-08-13T00:00:00+08:00
+days: 1
+settlement_lag_minutes: 14
+sync_interval_minutes: 10
+packages:
+  - {amount: 300000, acquired: 2026-08-01T09:00:00+08:00}
+traffic:
+"""
+
+
+def _historical(name: str) -> HistoricalStrategy:
+    s = parse_scenario(BASE + '  - {at: "09:00", prompt: 1, completion: 1}\n')
+    return HistoricalStrategy(name, s, make_ledger(s))
+
+
+@pytest.mark.parametrize(("name", "balance", "usage", "limit"), [
+    # seed 000 §5: Pool=2,800,128 | Usage=1,241,821 | StableLimit=2,500,128 | EffectiveLimit=2,000,000
+    ("v2", 1_558_307, 1_241_821, 2_000_000),
+    ("v5", 596_869, 1_696_135, 1_993_004),  # §7.5: stable 1,993,004
+    ("v4", 596_869, 1_696_135, 296_869),  # §7.3: the false block's limit
+    ("v6", 1_726_526, 665_268, 2_000_000),  # §4.2: B0 + L − 50k = 2,341,794, held by the 2M cap
+    ("v6", 1_100_000, 400_000, 1_450_000),
+    ("v5", 100_000, 0, 0),  # max(0, …): nothing may pass
+])
+def test_the_historical_formulas_reproduce_the_seed_numbers(name: str, balance: int, usage: int,
+                                                            limit: int) -> None:
+    """v2/v4/v5/v6 give the limits seed 000 logged for the same balance and usage."""
+    assert _historical(name).formula(balance, usage) == limit
+
+
+def test_the_lister_shows_the_ledgers_lagged_view_as_the_billing_api_would() -> None:
+    """ListResourcePackages from the ledger: lagged balances, and the package maps to the pool."""
+    s = parse_scenario(BASE + '  - {at: "09:00", prompt: 1, completion: 1}\n')
+    ledger = make_ledger(s)
+    clock = ManualClock(s.start_ms + 3_600_000)
+    ledger.consume(POOL, 1_000, clock.now_ms())
+    lister = LedgerLister(ledger, "sim", clock)
+    [pkg] = lister.list_resource_packages()
+    assert (pkg.available, pkg.is_effective, pkg.is_token_unit) == (300_000, True, True)
+    clock.advance(14 * 60_000)
+    assert lister.list_resource_packages()[0].available == 299_000
+    assert assign(lister.list_resource_packages(), [PoolSpec(POOL)]).pools[POOL].balance == 299_000
+
+
+def test_the_guard_clamps_max_tokens_to_the_grant_minus_the_estimate() -> None:
+    """A request that does not fit runs with max_tokens = grant − estimated input (counted clamped)."""
+    text = BASE + ('  - {at: "09:00", prompt: 200000, completion: 10, max_tokens: 16}\n'
+                   '  - {at: "09:10", prompt: 1000, completion: 90000, max_tokens: 90000}\n')
+    r = simulate(parse_scenario(text), "guard")
+    # 300k free − 50k SMALL_BUFFER − 200,010 used = 49,990 headroom: the second request gets
+    # 48,990 output tokens instead of 90,000 and the pool stays inside its wall.
+    assert (r.served_requests, r.clamped_requests, r.blocked_requests) == (2, 1, 0)
+    assert r.served_tokens == 200_010 + 1_000 + 48_990
+    assert r.billed_tokens == 0
+
+
+def test_the_guard_refuses_when_even_the_input_does_not_fit() -> None:
+    """Below input + a minimal output there is nothing to clamp: refused, and counted as free cost."""
+    text = BASE + ('  - {at: "09:00", prompt: 240000, completion: 10, max_tokens: 16}\n'
+                   '  - {at: "09:10", prompt: 20000, completion: 100, max_tokens: 100}\n')
+    r = simulate(parse_scenario(text), "guard")
+    assert (r.served_requests, r.blocked_requests) == (1, 1)
+    assert r.refused_while_free_tokens == 20_100  # 59,990 were truly free: it would have fit
+
+
+def test_a_request_without_usage_is_settled_as_its_whole_reservation() -> None:
+    """`usage: missing` settles as unknown: the gate keeps the reservation, the ledger bills truth."""
+    text = BASE + ('  - {at: "09:00", prompt: 100000, completion: 100, max_tokens: 140000, usage: missing}\n'
+                   '  - {at: "09:10", prompt: 10000, completion: 100, max_tokens: 100}\n')
+    guard = simulate(parse_scenario(text), "guard")
+    v6 = simulate(parse_scenario(text), "v6")
+    # The guard counted 240,000 for the first (reservation) so the second does not fit; v6
+    # counted 0 and lets it run.
+    assert (guard.served_requests, guard.blocked_requests) == (1, 1)
+    assert (v6.served_requests, v6.blocked_requests) == (2, 0)
+
+
+def test_the_clamp_floor_is_the_hooks() -> None:
+    """The simulator clamps like the LiteLLM hook: the same least output before refusing."""
+    from volc_quota_guard import hook
+    from volc_quota_guard.simulator.strategies import MIN_CLAMPED_OUTPUT
+
+    assert MIN_CLAMPED_OUTPUT == hook.MIN_OUTPUT_TOKENS
