@@ -10,11 +10,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from backend import TEST_REDIS_URL
 from volc_quota_guard.keys import KeySpace
 from volc_quota_guard.store import EmbeddedTcpServer, connect, serve_embedded
-
-TEST_REDIS_URL = os.environ.get("VQG_TEST_REDIS_URL") or None
-BACKEND = "redis" if TEST_REDIS_URL else "embedded"
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TEST_REDIS_URL
+from backend import TEST_REDIS_URL
 from volc_quota_guard.cli import main
 from volc_quota_guard.config import load_settings
 from volc_quota_guard.errors import ConfigError

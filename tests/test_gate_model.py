@@ -14,7 +14,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from conftest import TEST_REDIS_URL
+from backend import TEST_REDIS_URL
 from volc_quota_guard.clock import ManualClock, beijing_day, next_beijing_midnight_ms
 from volc_quota_guard.errors import GateError
 from volc_quota_guard.gate import Decision, Gate, Snapshot

@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
 
+MIN_OUTPUT_TOKENS = 256  # a clamped answer shorter than this is useless: block instead
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VQG_", extra="ignore", frozen=True)
@@ -47,6 +49,9 @@ class Settings(BaseSettings):
                                        description="Output cap when neither request nor model says.")
     count_cached_tokens: bool = True
 
+    sync_enabled: bool = Field(default=True, description="Run the billing sync thread in the proxy.")
+    sync_poll_seconds: float = Field(default=5.0, ge=0.05, le=300,
+                                     description="How often the sync thread checks whether a sync is due.")
     sync_interval_minutes: int = Field(default=30, ge=1, le=1440)
     sync_low_interval_minutes: int = Field(default=5, ge=1, le=1440)
     low_headroom_tokens: int = Field(default=300_000, ge=0, le=1_000_000_000)

@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 
 from .billing import ResourcePackage
+from .deployments import GuardConfigError, guard_for_deployment
 from .errors import ConfigError
-from .keys import pool_id, validate_pool
+from .keys import validate_pool
 
 IGNORED_TAGS = frozenset({"ga", "preview", "latest", "beta"})
 SUFFIX_WORDS = frozenset({"data", "collaboration", "resource", "pack", "package", "free",
@@ -252,20 +253,17 @@ def assign(packages: Iterable[ResourcePackage],
 
 
 def pools_from_model_list(model_list: Iterable[Mapping[str, Any]]) -> list[PoolSpec]:
-    """Pools of a LiteLLM ``model_list``: each ``volcengine/<model>`` deployment is pool
-    ``<model_info.vqg_account or "default">/<model>``, ``model_info.vqg_packages`` its rule."""
+    """Pools of a LiteLLM ``model_list``: every deployment the guard guards (see
+    ``deployments.guard_for_deployment``), with ``model_info.vqg_packages`` as its rule."""
     found: dict[str, PoolSpec] = {}
     for deployment in model_list:
-        params = deployment.get("litellm_params") or {}
-        model = str(params.get("model") or "")
-        if not model.startswith("volcengine/"):
-            continue
-        info = deployment.get("model_info") or {}
-        account = str(info.get("vqg_account") or "default")
         try:
-            pool = pool_id(account, model.removeprefix("volcengine/"))
-        except ValueError as exc:
+            guard = guard_for_deployment(deployment)
+        except GuardConfigError as exc:
             raise ConfigError(str(exc)) from None
+        if guard is None:
+            continue
+        pool, info = guard.pool, guard.model_info
         rule = PackageRule.parse(info["vqg_packages"]) if info.get("vqg_packages") else None
         old = found.get(pool)
         if old is not None and old.rule is not None and rule is not None and old.rule != rule:

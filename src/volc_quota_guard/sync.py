@@ -8,8 +8,10 @@ right after a package expiry) or when usage since the last sync passed the burst
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
 import threading
 import uuid
 from collections import defaultdict
@@ -24,7 +26,8 @@ from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavai
 from .gate import Gate
 from .keys import KeySpace
 from .limit import LimitResult, LimitState, PackageView, UsageView, compute_limit, next_expiry_ms
-from .packages import PoolSpec, assign
+from .packages import PoolSpec, assign, pools_from_model_list
+from .store import connect
 
 log = logging.getLogger("volc_quota_guard.sync")
 
@@ -228,3 +231,35 @@ class SyncService:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout)
+
+
+# -- in the proxy -------------------------------------------------------------------------------
+_proxy_service: SyncService | None = None
+_proxy_pid = 0
+
+
+def _router_pools() -> list[PoolSpec]:
+    """The guarded pools of the proxy's router, read afresh each tick (config reloads, DB models)."""
+    from litellm.proxy import proxy_server  # late: the router is created after our import
+
+    router = getattr(proxy_server, "llm_router", None)
+    if router is None:
+        return []
+    return pools_from_model_list(router.model_list)
+
+
+def start_in_proxy(cfg: Settings) -> SyncService | None:
+    """Start this process's sync thread once (again in a forked child); None when disabled."""
+    global _proxy_service, _proxy_pid
+    if not cfg.sync_enabled:
+        return None
+    if _proxy_service is not None and _proxy_pid == os.getpid():
+        return _proxy_service
+    gate = Gate(connect(cfg.redis_url), KeySpace(cfg.key_prefix))
+    _proxy_service = SyncService(cfg, gate, _router_pools)
+    _proxy_pid = os.getpid()
+    _proxy_service.start(cfg.sync_poll_seconds)
+    atexit.register(_proxy_service.stop, 2.0)
+    log.info("🔄 [Sync] thread started (pid %s, every %ss, interval %s min)", _proxy_pid,
+             cfg.sync_poll_seconds, cfg.sync_interval_minutes)
+    return _proxy_service

@@ -88,11 +88,3 @@ def test_a_request_without_usage_is_settled_as_its_whole_reservation() -> None:
     # counted 0 and lets it run.
     assert (guard.served_requests, guard.blocked_requests) == (1, 1)
     assert (v6.served_requests, v6.blocked_requests) == (2, 0)
-
-
-def test_the_clamp_floor_is_the_hooks() -> None:
-    """The simulator clamps like the LiteLLM hook: the same least output before refusing."""
-    from volc_quota_guard import hook
-    from volc_quota_guard.simulator.strategies import MIN_CLAMPED_OUTPUT
-
-    assert MIN_CLAMPED_OUTPUT == hook.MIN_OUTPUT_TOKENS

@@ -15,7 +15,10 @@ def usage(points: dict[int, int], lifetime: int, inflight: int = 0) -> UsageView
     return UsageView(minutes, 0, lifetime, inflight)
 
 
-def limit(packages, view, state=LimitState(), now=T, buffer=50_000):
+EMPTY = LimitState()
+
+
+def limit(packages, view, state=EMPTY, now=T, buffer=50_000):
     return compute_limit(now_ms=now, packages=packages, usage=view, state=state, lag_floor_ms=FLOOR,
                          small_buffer=buffer, daily_cap=2_000_000, max_age_ms=90 * MIN, evict_below=1_000)
 

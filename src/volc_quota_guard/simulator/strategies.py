@@ -23,7 +23,7 @@ import fakeredis
 
 from ..billing import ResourcePackage
 from ..clock import ManualClock, beijing_day
-from ..config import Settings
+from ..config import MIN_OUTPUT_TOKENS, Settings
 from ..fake.ledger import Ledger
 from ..gate import Gate
 from ..keys import KeySpace
@@ -38,8 +38,6 @@ POOL = f"{ACCOUNT}/{MODEL}"
 
 # The hook's clamp: a request that does not fit is still admitted with a smaller output cap,
 # down to this many output tokens; below that it is refused (DESIGN §3). Equal to
-# hook.MIN_OUTPUT_TOKENS (a test checks); not imported, so the simulator does not load litellm.
-MIN_CLAMPED_OUTPUT = 256
 POLL_MS = 5_000  # the sync thread polls every 5 s (SyncService.start)
 
 # The historical code's constants (seed 000 §7).
@@ -225,7 +223,7 @@ class GuardStrategy:
         cap = self.full_output(req.line)
         assert cap is not None
         wanted = req.estimate + cap
-        least = req.estimate + min(cap, MIN_CLAMPED_OUTPUT)
+        least = req.estimate + min(cap, MIN_OUTPUT_TOKENS)
         d = self.gate.reserve(POOL, req.rid, wanted, least,
                               ttl_ms=self.cfg.reservation_ttl_seconds * 1000)
         if not d.admitted:

@@ -1,0 +1,176 @@
+"""What the guard reads from, and writes into, one LiteLLM call.
+
+LiteLLM hands each hook a different view of the same call (router kwargs, the logging
+object's details, the proxy's request data). These helpers find the deployment, the metadata
+and the per-request state in each of them, in one place.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import estimate
+from .deployments import GuardedDeployment, guard_for, guard_for_deployment
+
+STASH_KEY = "vqg_reservations"  # model_id -> reservation id, in the call's metadata
+_CAP_PARAM = {"aresponses": "max_output_tokens", "responses": "max_output_tokens"}
+
+
+@dataclass
+class Reservation:
+    """One admitted reservation of one deployment attempt."""
+
+    rid: str
+    pool: str
+    model_id: str
+    upstream_model: str
+    model_group: str
+    call_id: str
+    input_tokens: int
+    output_cap: int
+    granted: int
+    clamped_to: int | None
+    created: float = field(default_factory=time.monotonic)
+    state: RequestState | None = field(default=None, repr=False)
+    sent: bool = False  # LiteLLM announced the HTTP request to the upstream
+
+
+@dataclass
+class RequestState:
+    """Per-request guard state, hung on LiteLLM's logging object (the client cannot touch it)."""
+
+    live: dict[str, Reservation] = field(default_factory=dict)  # model_id -> reservation
+    refused: set[str] = field(default_factory=set)  # model ids that refused this request
+    clamped_to: int | None = None
+    stream: object = None  # the proxy's stream of this request, to read its raw chunks
+
+
+def request_state(holder: Mapping[str, Any] | None) -> RequestState:
+    logging_obj = (holder or {}).get("litellm_logging_obj")
+    if logging_obj is None:
+        return RequestState()
+    state = getattr(logging_obj, "_vqg_state", None)
+    if not isinstance(state, RequestState):
+        state = RequestState()
+        try:
+            logging_obj._vqg_state = state
+        except AttributeError:  # a slotted object: per-call state only
+            pass
+    return state
+
+
+def metadata_key(kwargs: Mapping[str, Any]) -> str:
+    # /v1/messages and /v1/responses keep LiteLLM's metadata in `litellm_metadata`;
+    # their `metadata` is the provider's own parameter and must not be touched.
+    return "litellm_metadata" if "litellm_metadata" in kwargs else "metadata"
+
+
+def metadatas(kwargs: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    found: list[Mapping[str, Any]] = []
+    params = kwargs.get("litellm_params")
+    for holder in (kwargs, params if isinstance(params, Mapping) else {}):
+        for key in ("litellm_metadata", "metadata"):
+            md = holder.get(key)
+            if isinstance(md, Mapping):
+                found.append(md)
+    return found
+
+
+def model_info_of(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The router-set `model_info` of the deployment serving this call."""
+    params = kwargs.get("litellm_params")
+    for md in metadatas(kwargs):
+        info = md.get("model_info")
+        if isinstance(info, Mapping) and info.get("id"):
+            return info
+    for holder in (params if isinstance(params, Mapping) else {}, kwargs):
+        info = holder.get("model_info")
+        if isinstance(info, Mapping) and info.get("id"):
+            return info
+    return {}
+
+
+def model_group_of(kwargs: Mapping[str, Any]) -> str:
+    for md in metadatas(kwargs):
+        group = md.get("model_group")
+        if isinstance(group, str) and group:
+            return group
+    return str(kwargs.get("model") or "?")
+
+
+def llm_router() -> Any:
+    proxy_server = sys.modules.get("litellm.proxy.proxy_server")
+    return getattr(proxy_server, "llm_router", None) if proxy_server else None
+
+
+def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
+    """The guard of the deployment this call was routed to.
+
+    The router's own copy of the deployment is authoritative; the call's fields are used only
+    when the router does not know the id (SDK use, client-side-credential deployments).
+    """
+    info = model_info_of(kwargs)
+    model_id = info.get("id")
+    router = llm_router()
+    if router is not None and isinstance(model_id, str):
+        try:
+            dep = router.get_deployment(model_id=model_id)
+        except Exception:  # noqa: BLE001
+            dep = None
+        if dep is not None:
+            return guard_for_deployment(dep.model_dump(exclude_none=True))
+    return guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info)
+
+
+def apply_output_cap(kwargs: dict[str, Any], cap: int, call_type: str) -> None:
+    """Pin the upstream output cap to `cap` (what the reservation covers).
+
+    Every cap field the client set is lowered; when it set none, the route's own field is set,
+    so the upstream's default can never exceed the reservation.
+    """
+    pinned = False
+    extra = kwargs.get("extra_body")
+    for holder in (kwargs, extra if isinstance(extra, dict) else {}):
+        for name in estimate.OUTPUT_PARAMS:
+            if holder.get(name) is not None:
+                holder[name] = min(int(holder[name]), cap)
+                pinned = True
+    if not pinned:
+        kwargs[_CAP_PARAM.get(call_type, "max_tokens")] = cap
+
+
+def call_type_name(call_type: object) -> str:
+    value = getattr(call_type, "value", call_type)
+    return str(value) if value is not None else ""
+
+
+def upstream_sent_usage(state: RequestState | None) -> bool:
+    """False only when we saw the raw chunks of a stream and none carried usage.
+
+    LiteLLM synthesizes a usage chunk by local counting when the upstream sent none, so the
+    client-facing stream cannot tell; its raw chunk list can.
+    """
+    chunks = getattr(state.stream, "chunks", None) if state is not None else None
+    if not isinstance(chunks, list):
+        return True  # not watched (SDK use): trust the reported usage
+    return any(carries_usage(c) for c in chunks)
+
+
+def carries_usage(chunk: object) -> bool:
+    usage = chunk.get("usage") if isinstance(chunk, dict) else getattr(chunk, "usage", None)
+    if usage is None:
+        return False
+    total = usage.get("total_tokens") if isinstance(usage, dict) else getattr(usage, "total_tokens", 0)
+    return isinstance(total, int) and total > 0
+
+
+def group_size(kwargs: Mapping[str, Any]) -> int | None:
+    for md in metadatas(kwargs):
+        size = md.get("model_group_size")
+        if isinstance(size, int):
+            return size
+    return None

@@ -1,0 +1,628 @@
+"""The LiteLLM proxy callback: every Volcengine deployment reserves before it runs.
+
+Where each job happens (LiteLLM 1.108.7; see shared/ref/LITELLM.md):
+
+- `async_pre_call_hook` (proxy only, before routing): validate the client's output cap and
+  messages (400), and when *every* deployment of the requested group is evicted, raise
+  `ProxyRateLimitError` so the proxy walks the configured fallbacks and otherwise answers
+  429 + Retry-After.
+- `async_filter_deployments` (every routing attempt): drop evicted pools (one pipelined read)
+  and deployments that already refused this request, so the router picks another account or
+  falls back.
+- `async_pre_call_deployment_hook` (after routing, before the HTTP call; the real gate): one
+  atomic reservation of input + output cap, clamping the output cap to what fits.
+- `log_pre_api_call` (sync, just before the HTTP call) marks the attempt as sent;
+  `async_post_call_streaming_iterator_hook` keeps a handle on a stream's raw chunks, to tell the
+  upstream's usage from LiteLLM's local count.
+- `async_log_success_event` / `async_post_call_failure_deployment_hook` /
+  `async_log_failure_event`: settle real usage, release what never reached the upstream, keep
+  what may have run.
+
+Reservations are keyed by a fresh id per deployment attempt, never by `litellm_call_id`: the
+client can set that id (`x-litellm-call-id`), and concurrent requests sharing it would otherwise
+ride one reservation. Per-request state hangs on LiteLLM's logging object, out of the client's
+reach; the metadata only carries the reservation id, checked against this process's registry.
+
+The proxy only calls hooks defined on the registered class itself (a leaf `vars(cls)` check),
+so every hook is defined here, on `QuotaGuard`, never inherited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+import weakref
+from collections.abc import AsyncGenerator, Iterable, Mapping
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+
+import litellm  # noqa: E402
+from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
+
+from . import estimate, loglines, sync  # noqa: E402
+from .calls import (  # noqa: E402
+    STASH_KEY,
+    RequestState,
+    Reservation,
+    apply_output_cap,
+    call_type_name,
+    group_size,
+    guard_of_call,
+    llm_router,
+    metadata_key,
+    metadatas,
+    model_group_of,
+    model_info_of,
+    request_state,
+    upstream_sent_usage,
+)
+from .config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
+from .deployments import GuardConfigError, GuardedDeployment, guard_for, guard_for_deployment  # noqa: E402
+from .errors import GateError, StoreUnavailable  # noqa: E402
+from .estimate import InvalidRequest  # noqa: E402
+from .gate import AsyncGate, Decision  # noqa: E402
+from .keys import KeySpace  # noqa: E402
+from .outcome import failure_action, read_usage  # noqa: E402
+from .store import connect_async  # noqa: E402
+
+log = logging.getLogger("volc_quota_guard")
+
+MAX_REQUEST_TOKENS = 100_000_000  # the gate's per-request ceiling
+STORE_RETRY_AFTER_S = 5
+REFUSED_RETRY_AFTER_S = 60  # not evicted, just too big now: in-flight requests settle soon
+FAR_FUTURE_MS = 2 * 86_400_000  # farther than this = "until the next snapshot"
+REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's deadline 4x
+CLAMP_HEADER = "x-vqg-clamped-max-tokens"
+_EMBEDDING_CALLS = {"aembedding", "embedding"}
+_STREAM_USAGE_CALLS = {"acompletion", "completion", "atext_completion", "text_completion"}
+_CHAT_CALLS = {"acompletion", "completion"}
+
+
+def _ensure_log_handler() -> None:
+    # The proxy does not route library loggers to its output by default: give ours a handler.
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s volc_quota_guard[%(process)d]: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+class QuotaRefused(litellm.CallerCredentialRateLimitError):
+    """429 for one request. The router tries another deployment or a fallback.
+
+    A subclass of LiteLLM's caller-scoped 429 because a refusal concerns this request only:
+    the router must not cool the deployment down for everyone (eviction is ours to decide).
+    """
+
+
+class QuotaStoreDown(litellm.ServiceUnavailableError):
+    """503: the quota store is unreachable, so the guard cannot admit (fail-closed)."""
+
+
+def retry_after_s(evicted_until_ms: int, now_ms: int, until_sync_s: int) -> int:
+    """Seconds a client should wait before the pool can take traffic again."""
+    if evicted_until_ms - now_ms > FAR_FUTURE_MS:
+        return until_sync_s  # balance wall: lifts at a sync that finds new packages
+    if evicted_until_ms > now_ms:
+        return max(1, math.ceil((evicted_until_ms - now_ms) / 1000))
+    return REFUSED_RETRY_AFTER_S
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _message(model: str, pools: Iterable[str], why: str, wait_s: int) -> str:
+    return (f"Volcengine free token quota exhausted for model '{model}' "
+            f"(pool {', '.join(sorted(set(pools)))}: {why}); the guard refuses rather than "
+            f"bill past the free quota. Retry after {wait_s}s.")
+
+
+class QuotaGuard(CustomLogger):
+    """Reserve, clamp, route around exhausted pools, and settle real usage."""
+
+    def __init__(self, config: Settings | None = None, gate: AsyncGate | None = None) -> None:
+        super().__init__()
+        self._config = config
+        self._fixed_gate = gate
+        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGate] = (
+            weakref.WeakKeyDictionary())
+        self._reservations: dict[str, Reservation] = {}  # rid -> live reservation (this process)
+        self._sees_sends = False  # log_pre_api_call fires here, so "never sent" is knowable
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    @property
+    def config(self) -> Settings:
+        if self._config is None:
+            self._config = settings()
+        return self._config
+
+    def gate(self) -> AsyncGate:
+        """The gate for the running event loop (asyncio clients cannot cross loops)."""
+        if self._fixed_gate is not None:
+            return self._fixed_gate
+        loop = asyncio.get_running_loop()
+        found = self._gates.get(loop)
+        if found is None:
+            _start_sync(self.config)  # again here: a forked worker does not inherit the thread
+            client = connect_async(self.config.redis_url)
+            found = AsyncGate(client, KeySpace(self.config.key_prefix))
+            self._gates[loop] = found
+        return found
+
+    @property
+    def fail_open(self) -> bool:
+        return self.config.fail_mode == "open"
+
+    def _until_sync_s(self) -> int:
+        return self.config.sync_low_interval_minutes * 60
+
+    def _remember(self, res: Reservation) -> None:
+        # Kept well past the store's deadline: a request that outlives it still settles under
+        # its own id (a late settle adds only what exceeds the expired amount). Entries are
+        # in creation order, so pruning stops at the first young one.
+        cutoff = time.monotonic() - REGISTRY_TTL_FACTOR * self.config.reservation_ttl_seconds
+        while self._reservations:
+            rid, old = next(iter(self._reservations.items()))
+            if old.created >= cutoff:
+                break
+            del self._reservations[rid]  # its callback was lost; the store counted it at expiry
+        self._reservations[res.rid] = res
+
+    def _stashed(self, kwargs: Mapping[str, Any], model_id: str) -> Reservation | None:
+        """Our reservation for this deployment, if the stash in the call's metadata is genuine."""
+        for md in metadatas(kwargs):
+            stash = md.get(STASH_KEY)
+            rid = stash.get(model_id) if isinstance(stash, Mapping) else None
+            res = self._reservations.get(rid) if isinstance(rid, str) else None
+            if res is not None and res.model_id == model_id:
+                return res
+        return None
+
+    def _forget(self, res: Reservation, state: RequestState | None = None) -> None:
+        self._reservations.pop(res.rid, None)
+        if state is not None and state.live.get(res.model_id) is res:
+            del state.live[res.model_id]
+
+    # ---- pre-call (proxy) ------------------------------------------------------------------
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict,
+                                  call_type: Any) -> dict | None:
+        """Validate, and refuse up front when every deployment of the group is evicted."""
+        try:
+            return await self._pre_call(data, call_type_name(call_type))
+        except InvalidRequest as exc:
+            from fastapi import HTTPException
+
+            raise HTTPException(status_code=400, detail={"error": str(exc)}) from None
+        except StoreUnavailable as exc:
+            if self.fail_open:
+                log.error("⚠️ [FAIL-OPEN] quota store unreachable, request passes unguarded: %s", exc)
+                return None
+            from fastapi import HTTPException
+
+            log.error("⛔ [STORE-DOWN] quota store unreachable, request refused: %s", exc)
+            raise HTTPException(status_code=503, detail={"error": (
+                f"quota store unreachable: the Volcengine quota guard cannot verify free quota "
+                f"for model '{data.get('model')}' ({exc})")},
+                headers={"retry-after": str(STORE_RETRY_AFTER_S)}) from None
+        except litellm.RateLimitError:
+            raise
+        except Exception:  # noqa: BLE001  never a 500 from the guard; the deployment hook still guards
+            log.exception("pre-call check failed; the deployment gate still applies")
+            return None
+
+    async def _pre_call(self, data: dict, call_type: str) -> dict | None:
+        router = llm_router()
+        model = data.get("model")
+        if router is None or not isinstance(model, str):
+            return None
+        try:
+            _, found = router._common_checks_available_deployment(model=model, request_kwargs=data)
+        except Exception:  # noqa: BLE001  unknown model: the router answers it
+            return None
+        deployments = [found] if isinstance(found, dict) else list(found or [])
+        guards = []
+        for dep in deployments:
+            try:
+                guards.append(guard_for_deployment(dep))
+            except GuardConfigError:
+                guards.append(None)  # refused at the deployment gate with a clear message
+        guarded = [g for g in guards if g is not None]
+        if not guarded:
+            return None
+        estimate.requested_output(data)  # a malformed request is the client's 400, before routing
+        if call_type in _CHAT_CALLS:
+            estimate.validate_messages(data)
+        if len(guarded) < len(deployments):
+            return None  # unguarded deployments remain: the filter routes around evicted pools
+        evicted = await self.gate().evicted_until([g.pool for g in guarded])
+        now = _now_ms()
+        if all(until > now for until in evicted.values()):
+            await self._refuse_group(model, guarded, evicted, data, call_type)
+        return None
+
+    async def _refuse_group(self, model: str, guarded: list[GuardedDeployment],
+                            evicted: Mapping[str, int], data: Mapping[str, Any],
+                            call_type: str) -> None:
+        from litellm.proxy.common_utils.proxy_rate_limit_error import ProxyRateLimitError
+
+        wait = min(retry_after_s(u, _now_ms(), self._until_sync_s()) for u in evicted.values())
+        reserve = await self._least_for_log(data, call_type)
+        for g in guarded:
+            d = await self.gate().status(g.pool)
+            log.warning(loglines.pre_block(g.upstream_model, d, reserve, reason="evicted",
+                                           pool=g.pool, group=model,
+                                           call=data.get("litellm_call_id")))
+        raise ProxyRateLimitError(
+            detail={"error": _message(model, [g.pool for g in guarded], "evicted", wait)},
+            headers={"retry-after": str(wait)}, model=model, llm_provider="volcengine")
+
+    async def _least_for_log(self, data: Mapping[str, Any], call_type: str) -> int:
+        try:
+            inp = await estimate.count_input(data)
+        except Exception:  # noqa: BLE001
+            return 0
+        return inp if call_type in _EMBEDDING_CALLS else inp + MIN_OUTPUT_TOKENS
+
+    # ---- routing ---------------------------------------------------------------------------
+
+    async def async_filter_deployments(self, model: str, healthy_deployments: list,
+                                       messages: list | None, request_kwargs: dict | None = None,
+                                       parent_otel_span: Any = None) -> list[dict]:
+        """Drop evicted pools and deployments that refused this request; never a bare error."""
+        try:
+            return await self._filter(model, healthy_deployments, request_kwargs or {})
+        except (QuotaRefused, QuotaStoreDown):
+            raise
+        except Exception:  # noqa: BLE001  a ValueError here would reach the client as a 500
+            log.exception("deployment filter failed; the deployment gate still applies")
+            return healthy_deployments
+
+    async def _filter(self, model: str, healthy: list, request_kwargs: Mapping[str, Any]) -> list[dict]:
+        guards: dict[int, GuardedDeployment] = {}
+        for i, dep in enumerate(healthy):
+            try:
+                g = guard_for_deployment(dep)
+            except GuardConfigError:
+                continue  # left to the deployment gate, which refuses it with a clear message
+            if g is not None:
+                guards[i] = g
+        if not guards:
+            return healthy
+        state = request_state(request_kwargs)
+        try:
+            evicted = await self.gate().evicted_until(sorted({g.pool for g in guards.values()}))
+        except StoreUnavailable as exc:
+            if self.fail_open:
+                log.error("⚠️ [FAIL-OPEN] quota store unreachable, routing unguarded: %s", exc)
+                return healthy
+            kept = [d for i, d in enumerate(healthy) if i not in guards]
+            if not kept:
+                log.error("⛔ [STORE-DOWN] quota store unreachable, model %s refused: %s", model, exc)
+                raise self._store_down(model, exc) from None
+            return kept
+        now = _now_ms()
+        kept = [d for i, d in enumerate(healthy)
+                if i not in guards or (evicted[guards[i].pool] <= now
+                                       and guards[i].model_id not in state.refused)]
+        if kept or not healthy:
+            return kept
+        gone = list(guards.values())
+        wait = min(retry_after_s(evicted[g.pool], now, self._until_sync_s()) for g in gone)
+        why = "evicted" if any(evicted[g.pool] > now for g in gone) else "request does not fit"
+        for g in gone:
+            if g.model_id not in state.refused:  # refusals were logged where they happened
+                d = await self.gate().status(g.pool)
+                log.warning(loglines.pre_block(g.upstream_model, d, 0, reason="evicted",
+                                               pool=g.pool, group=model,
+                                               call=request_kwargs.get("litellm_call_id")))
+        raise QuotaRefused(message=_message(model, [g.pool for g in gone], why, wait),
+                           llm_provider="volcengine", model=model,
+                           headers={"retry-after": str(wait)}, num_retries=0)
+
+    def _store_down(self, model: str, exc: Exception) -> QuotaStoreDown:
+        err = QuotaStoreDown(
+            message=(f"quota store unreachable: the Volcengine quota guard cannot verify free "
+                     f"quota for model '{model}' ({exc})"),
+            llm_provider="volcengine", model=model, num_retries=0)
+        err.headers = {"retry-after": str(STORE_RETRY_AFTER_S)}
+        return err
+
+    # ---- the gate --------------------------------------------------------------------------
+
+    async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any],
+                                             call_type: Any) -> dict | None:
+        """Reserve input + output cap for this deployment attempt; clamp or refuse."""
+        try:
+            return await self._reserve(kwargs, call_type_name(call_type))
+        except (QuotaRefused, QuotaStoreDown, litellm.BadRequestError):
+            raise
+        except Exception as exc:  # noqa: BLE001  an unguarded pass needs fail-open
+            model = model_group_of(kwargs)
+            if self.fail_open:
+                log.exception("⚠️ [FAIL-OPEN] guard error, request passes unguarded")
+                return None
+            log.exception("⛔ guard error, request refused (fail-closed)")
+            raise self._store_down(model, exc) from None
+
+    async def _reserve(self, kwargs: dict[str, Any], call_type: str) -> dict | None:
+        try:
+            guard = guard_of_call(kwargs)
+        except GuardConfigError as exc:
+            raise litellm.MalformedRequestFieldError(
+                message=f"quota guard misconfigured: {exc}", model=kwargs.get("model"),
+                llm_provider="volcengine") from None
+        if guard is None:
+            return None
+        state = request_state(kwargs)
+        group = model_group_of(kwargs)
+        live = state.live.get(guard.model_id)
+        if live is not None and live.rid in self._reservations:
+            return self._admit(kwargs, call_type, live)  # the hook runs twice on /v1/messages
+
+        try:
+            if call_type in _CHAT_CALLS:
+                estimate.validate_messages(kwargs)
+            cap = estimate.output_cap(kwargs, estimate.model_max_output(guard.model_info,
+                                                                        guard.upstream_model),
+                                      self.config.default_output_tokens)
+        except InvalidRequest as exc:
+            raise litellm.MalformedRequestFieldError(
+                message=str(exc), model=group, llm_provider="volcengine",
+                body={"type": "invalid_request_error", "param": exc.param}) from None
+        inp = await estimate.count_input(kwargs)
+        embedding = call_type in _EMBEDDING_CALLS
+        out = 0 if embedding else cap.tokens
+        least_out = 0 if embedding else min(out, _min_output(guard.model_info))
+        if inp + least_out > MAX_REQUEST_TOKENS:
+            raise litellm.MalformedRequestFieldError(
+                message=f"request too large: about {inp:,} input tokens", model=group,
+                llm_provider="volcengine", body={"type": "invalid_request_error", "param": "messages"})
+        wanted = min(inp + out, MAX_REQUEST_TOKENS)
+        rid = uuid.uuid4().hex  # never the client-settable call id: see docs/operating.md
+        call_id = str(kwargs.get("litellm_call_id") or "")
+        try:
+            d = await self.gate().reserve(guard.pool, rid, wanted, inp + least_out,
+                                          self.config.reservation_ttl_seconds * 1000)
+        except (StoreUnavailable, GateError) as exc:
+            if self.fail_open:
+                log.error("⚠️ [FAIL-OPEN] quota store unreachable, %s passes unguarded: %s",
+                          guard.pool, exc)
+                return None
+            log.error("⛔ [STORE-DOWN] quota store unreachable, %s refused: %s", guard.pool, exc)
+            raise self._store_down(group, exc) from None
+        if not d.admitted:
+            self._refuse(kwargs, guard, group, state, d, inp + least_out, call_id)
+        granted_out = max(d.amount - inp, 0)
+        res = Reservation(rid, guard.pool, guard.model_id, guard.upstream_model, group, call_id,
+                          inp, out, d.amount, granted_out if granted_out < out else None,
+                          state=state)
+        self._remember(res)
+        state.live[guard.model_id] = res
+        if res.clamped_to is not None:
+            state.clamped_to = res.clamped_to
+            log.warning("✂️ [CLAMP] %s max_tokens %d -> %d (headroom %s) pool=%s group=%s call=%s",
+                        guard.upstream_model, out, granted_out, f"{d.headroom + d.amount:,}",
+                        guard.pool, group, call_id)
+        return self._admit(kwargs, call_type, res)
+
+    def _refuse(self, kwargs: Mapping[str, Any], guard: GuardedDeployment, group: str,
+                state: RequestState, d: Decision, least: int, call_id: str) -> None:
+        state.refused.add(guard.model_id)
+        log.warning(loglines.pre_block(guard.upstream_model, d, least, pool=guard.pool,
+                                       group=group, call=call_id))
+        wait = retry_after_s(d.evicted_until, _now_ms(), self._until_sync_s())
+        if d.reason in ("no_snapshot", "stale_snapshot"):
+            wait = self._until_sync_s()
+        why = {"no_snapshot": "no quota snapshot yet", "stale_snapshot": "quota snapshot too old",
+               }.get(d.reason, f"{d.reason}, needs {least:,} tokens, {max(d.headroom, 0):,} left")
+        size = group_size(kwargs)
+        tried_all = size is not None and len(state.refused) >= size
+        raise QuotaRefused(message=_message(group, [guard.pool], why, wait),
+                           llm_provider="volcengine", model=group,
+                           headers={"retry-after": str(wait)},
+                           num_retries=0 if (size is None or size <= 1 or tried_all) else None)
+
+    def _admit(self, kwargs: dict[str, Any], call_type: str, res: Reservation) -> dict[str, Any]:
+        if res.output_cap > 0:
+            apply_output_cap(kwargs, res.output_cap if res.clamped_to is None else res.clamped_to,
+                             call_type)
+        if kwargs.get("stream") is True and call_type in _STREAM_USAGE_CALLS:
+            options = kwargs.get("stream_options")
+            options = dict(options) if isinstance(options, Mapping) else {}
+            options["include_usage"] = True  # without it a stream reports 0/0 usage
+            kwargs["stream_options"] = options
+        key = metadata_key(kwargs)
+        md = kwargs.get(key)
+        if not isinstance(md, dict):
+            md = {}
+            kwargs[key] = md
+        stash = md.get(STASH_KEY)
+        stash = dict(stash) if isinstance(stash, Mapping) else {}
+        stash[res.model_id] = res.rid
+        md[STASH_KEY] = stash
+        return kwargs
+
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+        """LiteLLM is about to send the HTTP request: from now on the upstream may consume."""
+        try:
+            res = self._stashed(kwargs, str(model_info_of(kwargs).get("id") or ""))
+            if res is not None:
+                res.sent = True
+                self._sees_sends = True
+        except Exception:  # noqa: BLE001
+            log.exception("pre-API-call hook failed")
+
+    # ---- response headers ------------------------------------------------------------------
+
+    async def async_post_call_response_headers_hook(self, data: dict, user_api_key_dict: Any,
+                                                    response: Any,
+                                                    request_headers: dict[str, str] | None = None,
+                                                    litellm_call_info: dict | None = None,
+                                                    ) -> dict[str, str] | None:
+        """Tell the client when its output cap was lowered to fit the free quota."""
+        try:
+            logging_obj = data.get("litellm_logging_obj")
+            state = getattr(logging_obj, "_vqg_state", None)
+            if isinstance(state, RequestState) and state.clamped_to is not None:
+                return {CLAMP_HEADER: str(state.clamped_to)}
+        except Exception:  # noqa: BLE001
+            log.exception("response headers hook failed")
+        return None
+
+    # ---- streams -------------------------------------------------------------------------
+
+    async def async_post_call_streaming_iterator_hook(self, user_api_key_dict: Any, response: Any,
+                                                      request_data: dict) -> AsyncGenerator[Any, None]:
+        """Pass the stream through untouched, noting whether the upstream sent a usage frame.
+
+        Without that frame LiteLLM fills the usage in by counting tokens locally; that count is
+        an estimate and must not replace the reservation (the upstream may have used more).
+        """
+        state = getattr(request_data.get("litellm_logging_obj"), "_vqg_state", None)
+        if isinstance(state, RequestState) and state.live:
+            state.stream = response  # LiteLLM's wrapper keeps the raw chunks as `.chunks`
+        async for item in response:
+            yield item
+
+    # ---- settle ----------------------------------------------------------------------------
+
+    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any,
+                                      end_time: Any) -> None:
+        """Settle the serving deployment's reservation with the usage the upstream reported."""
+        try:
+            await self._settle_success(kwargs, response_obj)
+        except StoreUnavailable as exc:
+            log.error("⛔ [STORE-DOWN] usage not recorded (the reservation, if any, expires as "
+                      "consumed): %s", exc)
+        except Exception:  # noqa: BLE001  logging must never fail the request
+            log.exception("settle after success failed; the reservation expires as consumed")
+
+    async def _settle_success(self, kwargs: Mapping[str, Any], response_obj: Any) -> None:
+        info = model_info_of(kwargs)
+        model_id = str(info.get("id") or "")
+        res = self._stashed(kwargs, model_id) if model_id else None
+        if res is None:
+            try:
+                guard = guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info)
+            except GuardConfigError:
+                guard = None
+            if guard is None:
+                return
+            res = Reservation(uuid.uuid4().hex, guard.pool, guard.model_id, guard.upstream_model,
+                              model_group_of(kwargs), str(kwargs.get("litellm_call_id") or ""),
+                              0, 0, 0, None)  # unreserved: count what it used, nothing held
+        self._forget(res)
+        if kwargs.get("cache_hit") is True and res.granted:
+            await self._release(res, "cache hit")
+            return
+        disconnected = any(md.get("client_disconnected") is True for md in metadatas(kwargs))
+        local_count = kwargs.get("stream") is True and not upstream_sent_usage(res.state)
+        reading = read_usage(response_obj, self.config.count_cached_tokens,
+                             estimated=disconnected or local_count)
+        actual = reading.tokens
+        if reading.source == "estimated" and actual is not None and actual <= res.granted:
+            actual = None  # the upstream may bill more than the local estimate: keep the reservation
+        if reading.source == "unavailable" and not res.granted:
+            log.warning("📊 [Usage] %s: no usage reported and nothing reserved pool=%s call=%s",
+                        res.upstream_model, res.pool, res.call_id)
+            return
+        d = await self.gate().settle(res.pool, res.rid, actual)
+        await self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
+
+    async def async_post_call_failure_deployment_hook(self, request_data: Mapping[str, object],
+                                                      exception: Exception, call_type: Any,
+                                                      fallback_depth: int | None = None) -> None:
+        """Per failed attempt: release if the upstream surely consumed nothing, else keep."""
+        try:
+            await self._settle_failure(request_data, exception)
+        except StoreUnavailable as exc:
+            log.error("⛔ [STORE-DOWN] failed attempt not settled (its reservation expires as "
+                      "consumed): %s", exc)
+        except Exception:  # noqa: BLE001
+            log.exception("settle after failure failed; the reservation expires as consumed")
+
+    async def _settle_failure(self, kwargs: Mapping[str, Any], exc: BaseException) -> None:
+        model_id = str(model_info_of(kwargs).get("id") or "")
+        res = self._stashed(kwargs, model_id) if model_id else None
+        if res is None:
+            return
+        self._forget(res, request_state(kwargs))
+        if self._sees_sends and not res.sent:
+            await self._release(res, f"{type(exc).__name__} before the request was sent")
+        elif failure_action(exc) == "release":
+            await self._release(res, f"{type(exc).__name__} before the upstream accepted")
+        else:
+            d = await self.gate().settle(res.pool, res.rid, None)
+            await self._log_usage(res, None, d, "unavailable", 0,
+                                  outcome=type(exc).__name__)
+
+    async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any,
+                                      end_time: Any) -> None:
+        """A failure the per-attempt hook did not see (a stream cut mid-way): keep as consumed."""
+        try:
+            model_id = str(model_info_of(kwargs).get("id") or "")
+            res = self._stashed(kwargs, model_id) if model_id else None
+            if res is None:
+                return
+            self._forget(res)
+            d = await self.gate().settle(res.pool, res.rid, None)
+            if d.reason == "settled":
+                exc = kwargs.get("exception")
+                await self._log_usage(res, None, d, "unavailable", 0,
+                                      outcome=type(exc).__name__ if exc is not None else "failure")
+        except Exception:  # noqa: BLE001
+            log.exception("settle after failure event failed; the reservation expires as consumed")
+
+    async def _release(self, res: Reservation, why: str) -> None:
+        d = await self.gate().release(res.pool, res.rid)
+        log.info("↩️ [RELEASE] %s:%s: -%d (%s) pool=%s call=%s", res.upstream_model,
+                 loglines.short_hash(res.pool), d.amount, why, res.pool, res.call_id)
+
+    async def _log_usage(self, res: Reservation, tokens: int | None, d: Decision, source: str,
+                         cached: int, **fields: object) -> None:
+        try:
+            raw = await self.gate().client.hget(self.gate().args.keys(res.pool).state, "balance")
+            bal: int | None = int(raw) if raw is not None else None
+        except Exception:  # noqa: BLE001  the log line must not fail the settle
+            bal = None
+        line = loglines.usage(res.upstream_model, res.pool, tokens, d, bal, source=source,
+                              counted=d.amount, reserved=res.granted, cached=cached or None,
+                              group=res.model_group, call=res.call_id,
+                              overrun="yes" if d.overrun else None, **fields)
+        (log.warning if d.overrun else log.info)(line)
+
+
+def _min_output(model_info: Mapping[str, Any]) -> int:
+    value = model_info.get("vqg_min_output_tokens")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return MIN_OUTPUT_TOKENS
+
+
+def _start_sync(config: Settings) -> None:
+    # Only inside a LiteLLM proxy process: importing the hook elsewhere (tests, tools) starts nothing.
+    if "litellm.proxy.proxy_server" in sys.modules:
+        sync.start_in_proxy(config)
+
+
+def build() -> QuotaGuard:
+    """The instance the proxy loads: settings are validated now (a bad env var stops startup)."""
+    _ensure_log_handler()
+    estimate.warm_up()
+    config = settings()
+    _start_sync(config)
+    return QuotaGuard(config)
+
+
+proxy_handler_instance = build()

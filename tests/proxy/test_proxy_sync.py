@@ -1,0 +1,56 @@
+"""The proxy's own billing sync: no hand-seeded snapshot, the fake's billing API is the only source."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+from proxy_support import ACCOUNTS, DS, POOL_A, POOL_B, Proxy, call_id, start_proxy, stop_proxy
+
+from volc_quota_guard.fake import FakeVolcengine
+
+pytestmark = pytest.mark.proxy
+POOL_DOUBAO = "acct-a/doubao-seed-2-1-pro-260628"
+
+
+@pytest.fixture(scope="module")
+def synced(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
+           prefix: str) -> Iterator[Proxy]:
+    """A proxy whose sync thread reads the fake's ListResourcePackages (signed, over HTTP)."""
+    fake.add_package(POOL_A, 60_000)
+    fake.add_package(POOL_B, 40_000)
+    fake.add_package(POOL_DOUBAO, 20_000)
+    env = {"VQG_SYNC_ENABLED": "true", "VQG_SYNC_POLL_SECONDS": "0.2",
+           "VQG_BILLING_ENDPOINT": fake.url, "VQG_SMALL_BUFFER": "5000", "VQG_EVICT_BELOW": "3000"}
+    for account, (ak, sk) in ACCOUNTS.items():
+        suffix = account.upper().replace("-", "_")
+        env |= {f"VOLC_ACCESSKEY_{suffix}": ak, f"VOLC_SECRETKEY_{suffix}": sk}
+    p = start_proxy(tmp_path_factory.mktemp("sync"), fake, store_url, prefix, env=env)
+    yield p
+    stop_proxy(p)
+
+
+def test_sync_thread_installs_snapshots_and_traffic_stops_before_billing(synced: Proxy) -> None:
+    """The proxy syncs by itself, serves from both accounts and the fallback, then 429s — billing 0."""
+    synced.wait_for_log(rf"\[Sync\] {POOL_A}: Bal=60,000")
+    synced.wait_for_log(rf"\[Sync\] {POOL_B}: Bal=40,000")
+    assert synced.fake.api_calls("acct-a") >= 1
+    client = synced.client()
+    served = refused = 0
+    for _ in range(80):
+        try:
+            client.chat.completions.create(
+                model="deepseek-v4-flash", max_tokens=2_000, extra_headers={"x-litellm-call-id": call_id()},
+                messages=[{"role": "user", "content": "[[fake prompt=500 completion=3500]] hi"}])
+            served += 1
+        except openai.RateLimitError as exc:
+            refused += 1
+            assert "free token quota exhausted" in str(exc)
+            break
+    totals = {p: synced.fake.pool_totals(p) for p in (POOL_A, POOL_B, POOL_DOUBAO)}
+    assert refused == 1 and served >= 25
+    assert all(t.billed == 0 for t in totals.values()), totals
+    assert all(t.consumed > 0 for t in totals.values()), "both accounts and the fallback served"
+    synced.wait_for_log(r"PRE-BLOCK")
+    assert DS in synced.log()

@@ -1,0 +1,445 @@
+"""The LiteLLM hook's logic, driven directly (no proxy): pools, reserve, clamp, refuse, settle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import types
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm: no network
+
+import litellm  # noqa: E402
+import pytest  # noqa: E402
+import redis  # noqa: E402
+
+from volc_quota_guard import hook as hook_mod  # noqa: E402
+from volc_quota_guard import loglines  # noqa: E402
+from volc_quota_guard.calls import apply_output_cap  # noqa: E402
+from volc_quota_guard.config import load_settings  # noqa: E402
+from volc_quota_guard.deployments import (  # noqa: E402
+    GuardConfigError,
+    guard_for,
+    guard_for_deployment,
+)
+from volc_quota_guard.gate import AsyncGate, Decision, Gate, Snapshot  # noqa: E402
+from volc_quota_guard.hook import QuotaGuard, QuotaRefused, QuotaStoreDown  # noqa: E402
+from volc_quota_guard.keys import KeySpace  # noqa: E402
+from volc_quota_guard.outcome import failure_action, read_usage  # noqa: E402
+from volc_quota_guard.store import connect_async  # noqa: E402
+
+TEST_REDIS_URL = os.environ.get("VQG_TEST_REDIS_URL") or None  # as tests/conftest.py
+
+POOL = "acct-a/m-1"
+
+
+# ---- pure helpers ---------------------------------------------------------------------------
+
+def test_pool_comes_from_the_deployment_config_only() -> None:
+    """Account from model_info (default 'default'), model from litellm_params without the prefix."""
+    g = guard_for_deployment({"litellm_params": {"model": "volcengine/deepseek-v4-flash-ga-260731"},
+                              "model_info": {"id": "d1", "vqg_account": "acct-a"}})
+    assert g is not None and g.pool == "acct-a/deepseek-v4-flash-ga-260731" and g.model_id == "d1"
+    assert guard_for("volcengine/m-1", None, {"id": "d"}).pool == "default/m-1"
+    assert guard_for("m-1", "volcengine", {"id": "d"}).pool == "default/m-1"
+
+
+def test_only_volcengine_is_guarded_unless_the_operator_says_otherwise() -> None:
+    """Other providers pass; `vqg_guard: false` opts out; `vqg_guard: true` opts in."""
+    assert guard_for("openai/gpt-4o", None, {"id": "d"}) is None
+    assert guard_for("volcengine/m-1", None, {"id": "d", "vqg_guard": False}) is None
+    assert guard_for("volcengine/m-1", None, {"id": "d", "vqg_guard": "false"}) is None
+    assert guard_for("openai/ep-1", None, {"id": "d", "vqg_guard": True}).pool == "default/ep-1"
+
+
+def test_a_guarded_deployment_without_a_valid_pool_is_a_config_error() -> None:
+    """A bad account name fails closed with an error naming the deployment."""
+    with pytest.raises(GuardConfigError, match="d9"):
+        guard_for("volcengine/m-1", None, {"id": "d9", "vqg_account": "has space"})
+
+
+def test_output_cap_is_pinned_and_lowered_never_raised() -> None:
+    """Every cap field present is lowered to the grant; with none, the route's own field is set."""
+    kw: dict[str, Any] = {"max_tokens": 50, "max_completion_tokens": 900,
+                          "extra_body": {"max_tokens": 800}}
+    apply_output_cap(kw, 100, "acompletion")
+    assert (kw["max_tokens"], kw["max_completion_tokens"], kw["extra_body"]["max_tokens"]) == \
+        (50, 100, 100)
+    kw = {}
+    apply_output_cap(kw, 100, "acompletion")
+    assert kw == {"max_tokens": 100}
+    kw = {}
+    apply_output_cap(kw, 100, "aresponses")
+    assert kw == {"max_output_tokens": 100}
+
+
+def test_retry_after_follows_the_wall() -> None:
+    """Collection wall: until midnight; balance wall (far future): the sync interval; else a minute."""
+    now = 1_000_000_000_000
+    assert hook_mod.retry_after_s(now + 90_500, now, 300) == 91
+    assert hook_mod.retry_after_s(4_102_444_800_000, now, 300) == 300
+    assert hook_mod.retry_after_s(0, now, 300) == hook_mod.REFUSED_RETRY_AFTER_S
+
+
+def test_usage_reading_sources() -> None:
+    """Usage present is measured; missing or 0/0 is unavailable; cached tokens follow the setting."""
+    resp = litellm.ModelResponse(usage=litellm.Usage(prompt_tokens=100, completion_tokens=20,
+                                                     prompt_tokens_details={"cached_tokens": 30}))
+    assert read_usage(resp, count_cached=True).tokens == 120
+    assert read_usage(resp, count_cached=False).tokens == 90
+    assert read_usage(resp, True, estimated=True).source == "estimated"
+    zero = litellm.ModelResponse(usage=litellm.Usage(prompt_tokens=0, completion_tokens=0))
+    assert read_usage(zero, True).source == "unavailable" and read_usage(zero, True).tokens is None
+    assert read_usage(object(), True).source == "unavailable"
+    assert read_usage({"usage": {"input_tokens": 7, "output_tokens": 3}}, True).tokens == 10
+
+
+def _chained(outer: BaseException, inner: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException:
+            raise outer  # noqa: B904 - LiteLLM chains implicitly, like this
+    except BaseException as exc:
+        return exc
+
+
+def test_failure_outcomes() -> None:
+    """Refused connections and 4xx release; timeouts, 5xx and unknowns keep the reservation."""
+    import httpx
+
+    def err(cls: type, **kw: Any) -> Exception:
+        return cls(message="x", model="m", llm_provider="volcengine", **kw)
+
+    assert failure_action(err(litellm.BadRequestError)) == "release"
+    assert failure_action(err(litellm.RateLimitError)) == "release"
+    assert failure_action(err(litellm.Timeout)) == "keep"
+    assert failure_action(err(litellm.InternalServerError)) == "keep"
+    assert failure_action(err(litellm.ContentPolicyViolationError)) == "keep"
+    assert failure_action(ValueError("what")) == "keep"
+    refused = _chained(err(litellm.InternalServerError), httpx.ConnectError("Cannot connect"))
+    assert failure_action(refused) == "release"
+    reset = _chained(err(litellm.APIConnectionError), httpx.ReadError("reset"))
+    assert failure_action(reset) == "keep"
+
+
+def test_log_line_formats() -> None:
+    """PRE-BLOCK and Usage lines keep the seed's exact prefix; extra fields follow as key=value."""
+    d = Decision("refused", "balance_wall", 0, 300, 1_700_000, 2_000_000, 1_696_135, 2_000_000,
+                 0, 0, False)
+    line = loglines.pre_block("deepseek-v4-flash-ga-260731", d, 16, pool="acct-a/x")
+    assert line.startswith("🚫 [PRE-BLOCK] deepseek-v4-flash-ga-260731 daily limit reached "
+                           "(1,696,135+16/1,696,435) reason=balance_wall wall=balance")
+    ok = Decision("ok", "settled", 38_083, 720_096, 1_279_904, 2_000_000, 1_279_904, 2_000_000,
+                  0, 0, False)
+    line = loglines.usage("deepseek-v4-flash-ga-260731", "acct-a/x", 38_083, ok, 1_558_307,
+                          source="measured")
+    assert re.match(r"📊 \[Usage\] deepseek-v4-flash-ga-260731:[0-9a-f]{8}: \+38083 "
+                    r"\(Today: 1,279,904 \| BalAtSync: 1,558,307 \| Limit: 2,000,000\) "
+                    r"source=measured pool=acct-a/x$", line), line
+    assert "+? (" in loglines.usage("m", "a/m", None, ok, None)
+
+
+# ---- the hook against the store --------------------------------------------------------------
+
+Scenario = Callable[["World"], Awaitable[None]]
+
+
+class World:
+    """A QuotaGuard on the test store, plus the sync gate to seed and inspect pools."""
+
+    def __init__(self, keyspace: KeySpace, client: redis.Redis, **settings: Any) -> None:
+        self.keyspace = keyspace
+        self.sync = Gate(client, keyspace)
+        self.settings = load_settings(**settings)
+        self.guard = QuotaGuard(self.settings, AsyncGate(connect_async(TEST_REDIS_URL), keyspace))
+
+    def seed(self, headroom: int, pool: str = POOL, evict_below: int = 1_000) -> None:
+        st = self.sync.status(pool)
+        self.sync.install_snapshot(pool, Snapshot(
+            balance=headroom, settled_usage=st.get("ucum"), expiring=0, small_buffer=0,
+            daily_cap=1_000_000_000, valid_until_ms=int(time.time() * 1000) + 3_600_000,
+            evict_below=evict_below))
+
+    def state(self, pool: str = POOL) -> dict[str, int]:
+        return self.sync.status(pool).fields
+
+
+def call(logging_obj: object | None = None, text: str = "hello", model_id: str = "dep-a",
+         group_size: int = 1, **params: Any) -> dict[str, Any]:
+    """Deployment-hook kwargs as the router builds them."""
+    return {"model": "volcengine/m-1", "messages": [{"role": "user", "content": text}],
+            "litellm_call_id": params.pop("call_id", "call-1"),
+            "litellm_logging_obj": logging_obj or types.SimpleNamespace(),
+            "metadata": {"model_info": {"id": model_id, "vqg_account": "acct-a",
+                                        "max_output_tokens": 4096},
+                         "model_group": "g", "model_group_size": group_size}, **params}
+
+
+def success_kwargs(kw: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """What `async_log_success_event` receives for that call."""
+    return {"model": "m-1", "custom_llm_provider": "volcengine", "stream": False,
+            "litellm_call_id": kw["litellm_call_id"],
+            "litellm_params": {"metadata": kw["metadata"],
+                               "model_info": kw["metadata"]["model_info"]}, **extra}
+
+
+def response(prompt: int, completion: int, cached: int = 0) -> litellm.ModelResponse:
+    return litellm.ModelResponse(usage=litellm.Usage(
+        prompt_tokens=prompt, completion_tokens=completion,
+        prompt_tokens_details={"cached_tokens": cached}))
+
+
+@pytest.fixture
+def world(keyspace: KeySpace, client: redis.Redis) -> Callable[..., Any]:
+    """Run a scenario (a coroutine taking a World) on a fresh event loop."""
+    def run(scenario: Scenario, **settings: Any) -> None:
+        async def main() -> None:
+            await scenario(World(keyspace, client, **settings))
+        asyncio.run(main())
+    return run
+
+
+def test_reservation_is_idempotent_per_request_not_per_call_id(world: Callable[..., Any]) -> None:
+    """Two hook runs for one request reserve once; another request with the same id reserves anew."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        first = types.SimpleNamespace()
+        kw = call(first, max_tokens=100)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        once = w.state()["inflight"]
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")  # /v1/messages does this
+        assert w.state()["inflight"] == once > 100
+        await w.guard.async_pre_call_deployment_hook(call(types.SimpleNamespace(), max_tokens=100),
+                                                     "acompletion")  # same client call id
+        assert w.state()["inflight"] == 2 * once
+    world(scenario)
+
+
+def test_forged_reservation_stash_is_ignored(world: Callable[..., Any]) -> None:
+    """A client-supplied `vqg_reservations` in metadata does not count as a reservation."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        kw = call(max_tokens=100)
+        kw["metadata"]["vqg_reservations"] = {"dep-a": "f" * 32}
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        assert w.state()["inflight"] > 100
+        assert kw["metadata"]["vqg_reservations"]["dep-a"] != "f" * 32
+    world(scenario)
+
+
+def test_short_headroom_clamps_the_output_cap(world: Callable[..., Any]) -> None:
+    """Headroom below input + cap lowers max_tokens to what fits and records the clamp."""
+    async def scenario(w: World) -> None:
+        w.seed(1_000, evict_below=0)
+        state_holder = types.SimpleNamespace()
+        kw = call(state_holder, max_tokens=4_000)
+        out = await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        assert out is kw and 256 <= kw["max_tokens"] < 1_000
+        assert state_holder._vqg_state.clamped_to == kw["max_tokens"]
+        headers = await w.guard.async_post_call_response_headers_hook(
+            {"litellm_logging_obj": state_holder}, None, None)
+        assert headers == {hook_mod.CLAMP_HEADER: str(kw["max_tokens"])}
+        assert w.state()["inflight"] == 1_000
+    world(scenario)
+
+
+def test_refusal_is_a_caller_scoped_429_without_retries(world: Callable[..., Any]) -> None:
+    """When even input + the minimum output does not fit, a 429 that cools no deployment is raised."""
+    async def scenario(w: World) -> None:
+        w.seed(100, evict_below=0)
+        with pytest.raises(QuotaRefused) as err:
+            await w.guard.async_pre_call_deployment_hook(call(max_tokens=500), "acompletion")
+        e = err.value
+        assert e.status_code == 429 and e.num_retries == 0 and int(e.headers["retry-after"]) > 0
+        assert isinstance(e, litellm.CallerCredentialRateLimitError)  # the router skips cooldown
+        assert "free token quota exhausted" in str(e) and "'g'" in str(e)
+        assert w.state()["inflight"] == 0
+    world(scenario)
+
+
+def test_refusal_in_a_multi_deployment_group_lets_the_router_try_the_others(
+        world: Callable[..., Any]) -> None:
+    """In a group of two, the first refusal allows a retry, and the filter then skips that deployment."""
+    async def scenario(w: World) -> None:
+        w.seed(100, evict_below=0)
+        holder = types.SimpleNamespace()
+        with pytest.raises(QuotaRefused) as err:
+            await w.guard.async_pre_call_deployment_hook(call(holder, group_size=2), "acompletion")
+        assert err.value.num_retries is None
+        deps = [{"litellm_params": {"model": "volcengine/m-1"},
+                 "model_info": {"id": i, "vqg_account": "acct-a"}} for i in ("dep-a", "dep-b")]
+        kept = await w.guard.async_filter_deployments("g", deps, None,
+                                                      {"litellm_logging_obj": holder})
+        assert [d["model_info"]["id"] for d in kept] == ["dep-b"]
+    world(scenario)
+
+
+def test_filter_drops_evicted_pools_and_raises_429_when_nothing_is_left(
+        world: Callable[..., Any]) -> None:
+    """Evicted pools leave routing; other providers stay; an empty result is our 429, not a 500."""
+    async def scenario(w: World) -> None:
+        w.seed(10)  # below evict_below
+        w.seed(100_000, pool="acct-b/m-1")
+        deps = [{"litellm_params": {"model": "volcengine/m-1"},
+                 "model_info": {"id": "a", "vqg_account": "acct-a"}},
+                {"litellm_params": {"model": "volcengine/m-1"},
+                 "model_info": {"id": "b", "vqg_account": "acct-b"}},
+                {"litellm_params": {"model": "openai/gpt-x"}, "model_info": {"id": "o"}}]
+        kept = await w.guard.async_filter_deployments("g", deps, None, {})
+        assert [d["model_info"]["id"] for d in kept] == ["b", "o"]
+        with pytest.raises(QuotaRefused) as err:
+            await w.guard.async_filter_deployments("g", deps[:1], None, {})
+        assert err.value.status_code == 429 and int(err.value.headers["retry-after"]) > 0
+    world(scenario)
+
+
+def test_success_settles_measured_usage_and_honours_the_cached_setting(
+        world: Callable[..., Any]) -> None:
+    """Success replaces the reservation by prompt + completion (cached excluded when configured)."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        kw = call(max_tokens=100)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        before = w.state()["ucum"]
+        await w.guard.async_log_success_event(success_kwargs(kw), response(50, 10, cached=20),
+                                              None, None)
+        assert w.state()["ucum"] - before == 40 and w.state()["inflight"] == 0
+    world(scenario, count_cached_tokens=False)
+
+
+def test_success_without_usage_keeps_the_reservation(world: Callable[..., Any]) -> None:
+    """0/0 usage is unknown, not free: the reservation is counted as consumed."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        kw = call(max_tokens=100)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        reserved, before = w.state()["inflight"], w.state()["ucum"]
+        await w.guard.async_log_success_event(success_kwargs(kw), response(0, 0), None, None)
+        assert w.state()["ucum"] - before == reserved and w.state()["inflight"] == 0
+    world(scenario)
+
+
+def test_client_disconnect_estimate_never_lowers_the_reservation(world: Callable[..., Any]) -> None:
+    """After a disconnect LiteLLM's count is an estimate: the larger of it and the reservation counts."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        kw = call(max_tokens=100)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        reserved, before = w.state()["inflight"], w.state()["ucum"]
+        kw["metadata"]["client_disconnected"] = True
+        await w.guard.async_log_success_event(success_kwargs(kw), response(5, 3), None, None)
+        assert w.state()["ucum"] - before == reserved
+        big = call(max_tokens=100, call_id="call-2")
+        await w.guard.async_pre_call_deployment_hook(big, "acompletion")
+        big["metadata"]["client_disconnected"] = True
+        before = w.state()["ucum"]
+        await w.guard.async_log_success_event(success_kwargs(big), response(400, 300), None, None)
+        assert w.state()["ucum"] - before == 700
+    world(scenario)
+
+
+def test_cache_hit_releases_the_reservation(world: Callable[..., Any]) -> None:
+    """A response served from LiteLLM's cache never reached the upstream: nothing is counted."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        kw = call(max_tokens=100)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        before = w.state()["ucum"]
+        await w.guard.async_log_success_event(success_kwargs(kw, cache_hit=True), response(5, 5),
+                                              None, None)
+        assert w.state()["ucum"] == before and w.state()["inflight"] == 0
+    world(scenario)
+
+
+@pytest.mark.parametrize(("exc", "counted"), [
+    (litellm.BadRequestError(message="bad", model="m", llm_provider="volcengine"), False),
+    (litellm.Timeout(message="slow", model="m", llm_provider="volcengine"), True),
+])
+def test_failed_attempts_release_or_keep(world: Callable[..., Any], exc: Exception,
+                                         counted: bool) -> None:
+    """A 4xx releases the reservation; a timeout keeps it as consumed."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        kw = call(max_tokens=100)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        reserved, before = w.state()["inflight"], w.state()["ucum"]
+        await w.guard.async_post_call_failure_deployment_hook(kw, exc, "acompletion")
+        assert w.state()["inflight"] == 0
+        assert w.state()["ucum"] - before == (reserved if counted else 0)
+    world(scenario)
+
+
+def test_unguarded_deployments_never_touch_the_store(world: Callable[..., Any]) -> None:
+    """Other providers and opted-out deployments pass every hook with the store unreachable."""
+    async def scenario(w: World) -> None:
+        kw = call()
+        kw["model"] = "openai/gpt-x"
+        assert await w.guard.async_pre_call_deployment_hook(kw, "acompletion") is None
+        optout = call()
+        optout["metadata"]["model_info"]["vqg_guard"] = False
+        assert await w.guard.async_pre_call_deployment_hook(optout, "acompletion") is None
+        deps = [{"litellm_params": {"model": "openai/gpt-x"}, "model_info": {"id": "o"}}]
+        assert await w.guard.async_filter_deployments("g", deps, None, {}) == deps
+        await w.guard.async_log_success_event(success_kwargs(kw) | {"custom_llm_provider": "openai"},
+                                              response(5, 5), None, None)
+    world(scenario, redis_url="redis://127.0.0.1:1/0")
+
+
+def _dead_guard(w: World, mode: str) -> QuotaGuard:
+    dead = AsyncGate(connect_async("redis://127.0.0.1:1/0"), w.keyspace)
+    return QuotaGuard(load_settings(fail_mode=mode), dead)
+
+
+def test_store_down_fails_closed_with_a_503(world: Callable[..., Any]) -> None:
+    """An unreachable store refuses guarded requests with a 503 naming the cause."""
+    async def scenario(w: World) -> None:
+        guard = _dead_guard(w, "closed")
+        with pytest.raises(QuotaStoreDown) as err:
+            await guard.async_pre_call_deployment_hook(call(max_tokens=10), "acompletion")
+        assert err.value.status_code == 503 and "quota store unreachable" in str(err.value)
+        deps = [{"litellm_params": {"model": "volcengine/m-1"}, "model_info": {"id": "a"}}]
+        with pytest.raises(QuotaStoreDown):
+            await guard.async_filter_deployments("g", deps, None, {})
+    world(scenario)
+
+
+def test_store_down_fails_open_only_when_asked(world: Callable[..., Any]) -> None:
+    """With fail_mode=open an unreachable store lets the request pass unchanged."""
+    async def scenario(w: World) -> None:
+        guard = _dead_guard(w, "open")
+        kw = call(max_tokens=10)
+        assert await guard.async_pre_call_deployment_hook(kw, "acompletion") is None
+        deps = [{"litellm_params": {"model": "volcengine/m-1"}, "model_info": {"id": "a"}}]
+        assert await guard.async_filter_deployments("g", deps, None, {}) == deps
+    world(scenario)
+
+
+def test_invalid_output_cap_is_a_400_that_cools_nothing(world: Callable[..., Any]) -> None:
+    """A bad max_tokens reaching the deployment hook is LiteLLM's malformed-request 400."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        with pytest.raises(litellm.MalformedRequestFieldError) as err:
+            await w.guard.async_pre_call_deployment_hook(call(max_tokens="9"), "acompletion")
+        assert err.value.status_code == 400 and w.state()["inflight"] == 0
+    world(scenario)
+
+
+def test_every_hook_is_defined_on_the_registered_class() -> None:
+    """The proxy only calls hooks found in the leaf class's own __dict__."""
+    for name in ("async_pre_call_hook", "async_filter_deployments", "async_pre_call_deployment_hook",
+                 "async_post_call_response_headers_hook", "async_post_call_streaming_iterator_hook",
+                 "async_log_success_event", "async_log_failure_event",
+                 "async_post_call_failure_deployment_hook", "log_pre_api_call"):
+        assert name in vars(QuotaGuard), name
+
+
+def test_package_exports_the_proxy_instance() -> None:
+    """`callbacks: volc_quota_guard.proxy_handler_instance` resolves to a QuotaGuard instance."""
+    import volc_quota_guard
+
+    assert isinstance(volc_quota_guard.proxy_handler_instance, QuotaGuard)
+    assert "proxy_handler_instance" in volc_quota_guard.__all__
