@@ -31,7 +31,7 @@ class ServerClock:
 class SystemClock:
     """This host's clock; for processes that have no store time at hand."""
 
-    def now_ms(self) -> int | None:
+    def now_ms(self) -> int:
         return int(time.time() * 1000)
 
 

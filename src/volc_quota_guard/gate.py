@@ -224,7 +224,8 @@ class Gate:
         found = _store_call(lambda: self.client.zrevrangebyscore(
             keys.timeline_index, _minute_before(ms), "-inf", start=0, num=1))
         if found:
-            return int(_store_call(lambda: self.client.hget(keys.timeline, found[0])) or 0)
+            minute: str = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
+            return int(_store_call(lambda: self.client.hget(keys.timeline, minute)) or 0)
         return int(_store_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
 
     def timeline(self, pool: str) -> tuple[list[tuple[int, int]], int]:

@@ -335,7 +335,7 @@ class QuotaGuard(CustomLogger):
             message=(f"quota store unreachable: the Volcengine quota guard cannot verify free "
                      f"quota for model '{model}' ({exc})"),
             llm_provider="volcengine", model=model, num_retries=0)
-        err.headers = {"retry-after": str(STORE_RETRY_AFTER_S)}
+        err.headers = {"retry-after": str(STORE_RETRY_AFTER_S)}  # type: ignore[attr-defined]  # read by the proxy
         return err
 
     # ---- the gate --------------------------------------------------------------------------

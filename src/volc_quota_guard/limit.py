@@ -21,8 +21,9 @@ before the end of the first minute (after the anchor) whose usage exceeds `F_anc
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from .gate import Snapshot
 
@@ -63,17 +64,21 @@ class LimitState:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, raw: dict[str, object] | None) -> LimitState:
+    def from_json(cls, raw: Mapping[str, Any] | None) -> LimitState:
         if not raw:
             return cls()
+
+        def optional_int(v: Any) -> int | None:
+            return None if v is None else int(v)
+
         return cls(
-            packages=tuple((str(i), int(a)) for i, a in raw.get("packages") or ()),  # type: ignore[union-attr]
-            gone=tuple(raw.get("gone") or ()),  # type: ignore[arg-type]
-            lowest_free_total=raw.get("lowest_free_total"),  # type: ignore[arg-type]
-            anchor_free_total=raw.get("anchor_free_total"),  # type: ignore[arg-type]
-            anchor_ms=int(raw.get("anchor_ms") or 0),  # type: ignore[call-overload]
-            lags=tuple(tuple(x) for x in raw.get("lags") or ()),  # type: ignore[misc, union-attr]
-            last_sync_ms=int(raw.get("last_sync_ms") or 0),  # type: ignore[call-overload]
+            packages=tuple((str(i), int(a)) for i, a in raw.get("packages") or ()),
+            gone=tuple(str(i) for i in raw.get("gone") or ()),
+            lowest_free_total=optional_int(raw.get("lowest_free_total")),
+            anchor_free_total=optional_int(raw.get("anchor_free_total")),
+            anchor_ms=int(raw.get("anchor_ms") or 0),
+            lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
+            last_sync_ms=int(raw.get("last_sync_ms") or 0),
         )
 
 

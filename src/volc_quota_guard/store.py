@@ -49,5 +49,5 @@ def serve_embedded(port: int = 0) -> EmbeddedTcpServer:
     server = fakeredis.TcpFakeServer(("127.0.0.1", port), server_type="redis")
     thread = threading.Thread(target=server.serve_forever, name="vqg-embedded-redis", daemon=True)
     thread.start()
-    host, bound = server.server_address[:2]
-    return EmbeddedTcpServer(url=f"redis://{host}:{bound}/0", _server=server, _thread=thread)
+    bound = server.server_address[1]
+    return EmbeddedTcpServer(url=f"redis://127.0.0.1:{bound}/0", _server=server, _thread=thread)
