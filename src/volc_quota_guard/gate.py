@@ -228,6 +228,14 @@ class Gate:
             return int(_store_call(lambda: self.client.hget(keys.timeline, minute)) or 0)
         return int(_store_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
 
+    def now_ms(self) -> int:
+        """The gate's time: the injected clock, else the Redis server's (what the scripts use)."""
+        pinned = self.args.clock.now_ms()
+        if pinned is not None:
+            return pinned
+        sec, usec = _store_call(self.client.time)
+        return int(sec) * 1000 + int(usec) // 1000
+
     def timeline(self, pool: str) -> tuple[list[tuple[int, int]], int]:
         """The pool's (minute, lifetime usage) entries, ascending, and the trimmed floor."""
         keys = self.args.keys(pool)

@@ -4,6 +4,8 @@ One `SyncService` per proxy process runs a daemon thread. A Redis lock per accou
 process to call the billing API when a sync is due; every process reads the shared snapshot.
 A sync is due when its adaptive interval has passed (normal, tighter when headroom is low,
 right after a package expiry) or when usage since the last sync passed the burst threshold.
+Time is the gate's — the Redis server's clock unless one is injected — so the lookups
+`U(t − Δ)` read the timeline on the clock that stamped it, whatever this host's clock says.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 from .billing import BillingClient, ResourcePackage
-from .clock import Clock, SystemClock
 from .config import Settings
 from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
 from .gate import Gate
@@ -63,7 +64,6 @@ class SyncService:
         gate: Gate,
         pools: Callable[[], list[PoolSpec]],
         lister_for: Callable[[str], PackageLister] | None = None,
-        clock: Clock | None = None,
     ) -> None:
         self.cfg = cfg
         self.gate = gate
@@ -72,18 +72,13 @@ class SyncService:
         self.pools = pools
         self._lister_for = lister_for or (lambda account: BillingClient.for_account(account, config=cfg))
         self._listers: dict[str, PackageLister] = {}
-        self.clock = clock or SystemClock()
         self.owner = uuid.uuid4().hex
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- time and election --------------------------------------------------------------------
     def now_ms(self) -> int:
-        now = self.clock.now_ms()
-        if now is None:
-            sec, usec = self.client.time()
-            return int(sec) * 1000 + int(usec) // 1000
-        return now
+        return self.gate.now_ms()
 
     def _meta(self, account: str) -> dict[str, str]:
         raw = self.client.hgetall(self.keyspace.sync_meta(account))

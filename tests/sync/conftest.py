@@ -50,7 +50,7 @@ class World:
                                              wait_max=0.02, wait_jitter=0.0, attempts=3, page_interval=0)
 
         svc = SyncService(self.cfg, Gate(self.client, self.keyspace, self.clock),
-                          lambda: [PoolSpec(POOL)], lister, self.clock)
+                          lambda: [PoolSpec(POOL)], lister)
         self.services.append(svc)
         return svc
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..clock import SystemClock
 from ..config import settings
 from ..gate import Gate, Snapshot
 from ..keys import KeySpace
@@ -32,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = settings()
     gate = Gate(connect(cfg.redis_url), KeySpace(cfg.key_prefix))
-    now = SystemClock().now_ms()
+    now = gate.now_ms()
     usage = args.usage_at_sync
     if usage is None:
         usage = gate.usage_at(args.pool, now - cfg.lag_floor_minutes * 60_000)

@@ -167,7 +167,7 @@ class GuardStrategy:
         self.gate = Gate(self.client, self.keyspace, clock)
         self.lister = LedgerLister(ledger, ACCOUNT, clock)
         self.sync = SyncService(cfg, self.gate, pools=lambda: [PoolSpec(POOL)],
-                                lister_for=lambda account: self.lister, clock=clock)
+                                lister_for=lambda account: self.lister)
         self._errors = errors
         self._origin = scenario.start_ms
         self._wakeups: list[int] = []
