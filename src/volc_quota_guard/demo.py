@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
@@ -56,7 +57,7 @@ class Tally:
             self.tokens += tokens
 
 
-def _start_fake() -> FakeVolcengine:
+def start_fake() -> FakeVolcengine:
     today = datetime.now(BEIJING).replace(hour=8, minute=0, second=0, microsecond=0)
     start_ms = int(today.timestamp() * 1000)
     fake = FakeVolcengine(ACCOUNTS, ledger=Ledger(lag_minutes=14, return_at="10:30"),
@@ -69,7 +70,7 @@ def _start_fake() -> FakeVolcengine:
     return fake.start()
 
 
-def _proxy_env(fake: FakeVolcengine, store_url: str, prefix: str) -> dict[str, str]:
+def proxy_env(fake: FakeVolcengine, store_url: str, prefix: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VQG_", "VOLC_", "LITELLM_"))}
     env.update({
         "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -94,12 +95,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_proxy(env: dict[str, str], log_path: Path,
-                 console: Console) -> tuple[subprocess.Popen[bytes], str]:
+EXAMPLE_CONFIG = resources.files("volc_quota_guard.resources").joinpath("litellm.example.yaml")
+
+
+def _synced(log: str) -> bool:
+    return re.search(r"\[Sync\] acct-b/", log) is not None  # both accounts have a snapshot
+
+
+def start_proxy(env: dict[str, str], log_path: Path, console: Console, config: object = EXAMPLE_CONFIG,
+                ready: Callable[[str], bool] = _synced) -> tuple[subprocess.Popen[bytes], str]:
+    """`litellm --config` on a free port; returns once it answers and `ready(log)` holds."""
     litellm = shutil.which("litellm", path=str(Path(sys.executable).parent)) or shutil.which("litellm")
     if litellm is None:
         raise RuntimeError("the `litellm` command is not installed (pip install 'litellm[proxy]')")
-    config = resources.files("volc_quota_guard.resources").joinpath("litellm.example.yaml")
     port = _free_port()
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
@@ -113,14 +121,13 @@ def _start_proxy(env: dict[str, str], log_path: Path,
                 raise RuntimeError(f"the proxy exited:\n{log_path.read_text(errors='replace')[-3000:]}")
             try:
                 if httpx.get(f"{url}/health/liveliness", timeout=2).status_code == 200 and \
-                        "[Sync]" in log_path.read_text(errors="replace") and \
-                        re.search(r"\[Sync\] acct-b/", log_path.read_text(errors="replace")):
+                        ready(log_path.read_text(errors="replace")):
                     return proc, url
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("the proxy did not become ready (no first sync) within 120 s")
+    raise RuntimeError("the proxy did not become ready within 120 s")
 
 
 def _one_request(client: openai.OpenAI, tally: Tally) -> None:
@@ -175,7 +182,7 @@ def run(seconds: float = 100.0, console: Console | None = None) -> int:
     embedded = None if cfg.redis_url else serve_embedded()
     store_url = cfg.redis_url or embedded.url  # type: ignore[union-attr]
     prefix = f"vqgdemo-{uuid.uuid4().hex[:8]}"
-    fake = _start_fake()
+    fake = start_fake()
     workdir = Path(tempfile.mkdtemp(prefix="vqg-demo-"))
     log_path = workdir / "proxy.log"
     proc = None
@@ -183,7 +190,7 @@ def run(seconds: float = 100.0, console: Console | None = None) -> int:
         where = f"Redis {store_url}" if cfg.redis_url else "embedded"
         console.print(f"[bold]volc_quota_guard demo[/] — store: {where}, fake Volcengine at {fake.url} "
                       f"({SCALE}× time), proxy log: {log_path}")
-        proc, url = _start_proxy(_proxy_env(fake, store_url, prefix), log_path, console)
+        proc, url = start_proxy(proxy_env(fake, store_url, prefix), log_path, console)
         tally = _traffic(url, seconds, fake, console)
         time.sleep(2)  # the last settles and log lines
         return _report(tally, fake, log_path, console)
