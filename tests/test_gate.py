@@ -216,3 +216,11 @@ def test_racing_reservations_grant_exactly_k(client, keyspace, clock):
     assert results.count("admitted") == k
     assert results.count("balance_wall") == 64 - k
     assert gate.status(POOL).decision.inflight == k * each
+
+
+def test_snapshot_carries_its_package_list(gate, clock):
+    """The package list (with expiries) is written by the same atomic call as the walls."""
+    pkgs = [{"instance_no": "P1", "available": 700_000, "expires_ms": T0 + 86_400_000}]
+    gate.install_snapshot(POOL, Snapshot(700_000, 0, 0, 0, 2_000_000, T0 + 600_000, 0, pkgs))
+    state = gate.status(POOL)
+    assert state.packages == pkgs and state.get("snap_at") == T0

@@ -148,7 +148,8 @@ class _Args:
 
     def snapshot(self, s: Snapshot) -> list[str]:
         return [_now_arg(self.clock), _num(s.balance), _num(s.settled_usage), _num(s.expiring),
-                _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below)]
+                _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
+                json.dumps(s.packages)]
 
     def status(self) -> list[str]:
         return [_now_arg(self.clock)]
@@ -187,7 +188,7 @@ class Gate:
         self._scripts = {v: client.register_script(script_source(v)) for v in VERBS}
 
     def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
-        keys = self.args.keys(pool).gate_keys()
+        keys = self.args.keys(pool).gate_keys(verb)
         return _parse(_store_call(lambda: self._scripts[verb](keys=keys, args=args)))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
@@ -205,8 +206,7 @@ class Gate:
 
     def install_snapshot(self, pool: str, snapshot: Snapshot) -> Decision:
         decision = self._run("snapshot", pool, self.args.snapshot(snapshot))
-        keys = self.args.keys(pool)
-        _store_call(lambda: self.client.set(keys.packages, json.dumps(snapshot.packages)))
+        # The index lives outside the pool's slot, so it cannot join the atomic call.
         _store_call(lambda: self.client.sadd(self.args.keyspace.pools_index(), pool))
         return decision
 
@@ -258,7 +258,7 @@ class AsyncGate:
         self._scripts = {v: client.register_script(script_source(v)) for v in VERBS}
 
     async def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
-        keys = self.args.keys(pool).gate_keys()
+        keys = self.args.keys(pool).gate_keys(verb)
         return _parse(await _astore_call(lambda: self._scripts[verb](keys=keys, args=args)))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,

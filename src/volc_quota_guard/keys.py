@@ -41,7 +41,9 @@ class PoolKeys:
     packages: str  # string: JSON list of the pool's packages at the last sync
     limit_state: str  # string: JSON of the limit estimator's state (limit.LimitState)
 
-    def gate_keys(self) -> list[str]:
+    def gate_keys(self, verb: str = "") -> list[str]:
+        """KEYS of a gate script; `snapshot` also writes the package list."""
+        extra = [self.packages] if verb == "snapshot" else []
         return [
             self.state,
             self.reservations,
@@ -50,6 +52,7 @@ class PoolKeys:
             self.resolved_at,
             self.timeline,
             self.timeline_index,
+            *extra,
         ]
 
 

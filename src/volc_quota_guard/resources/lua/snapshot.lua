@@ -1,6 +1,7 @@
 -- ARGV: now_ms ('' = server TIME), balance_at_sync, usage_at_sync (settled-usage estimate, lifetime
 -- coordinates), expiring (free tokens that expire before valid_until), small_buffer, daily_cap,
--- valid_until_ms, evict_below.  Installs the pool's snapshot; counters are kept.
+-- valid_until_ms, evict_below, packages (JSON, for `status`; KEYS[8]).  Installs the pool's
+-- snapshot, all of it in one step; counters are kept.
 local now = read_now(ARGV[1])
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
 local v = {}
@@ -19,4 +20,5 @@ st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been
 st.snap_seq = st.snap_seq + 1
 update_eviction(st)
 save(st)
+redis.call('SET', KEYS[8], ARGV[9] or '[]')
 return answer(st, 'ok', 'installed', 0)
