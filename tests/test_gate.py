@@ -224,3 +224,26 @@ def test_snapshot_carries_its_package_list(gate, clock):
     gate.install_snapshot(POOL, Snapshot(700_000, 0, 0, 0, 2_000_000, T0 + 600_000, 0, pkgs))
     state = gate.status(POOL)
     assert state.packages == pkgs and state.get("snap_at") == T0
+
+
+def test_eviction_deadlines_come_back_on_this_hosts_clock(client, keyspace):
+    """Deadlines stamped on the store's clock are translated by the skew to this host's clock."""
+    import asyncio
+    import time
+
+    from backend import TEST_REDIS_URL
+    from volc_quota_guard.gate import AsyncGate
+    from volc_quota_guard.store import connect_async
+
+    skewed = ManualClock(int(time.time() * 1000) - 3_600_000)  # the store is an hour behind us
+    Gate(client, keyspace, skewed).install_snapshot(  # collection wall: evicted until midnight
+        POOL, Snapshot(10**9, 0, 0, 0, 500, skewed.now_ms() + 600_000, 1_000))
+
+    async def read() -> dict[str, int]:
+        return await AsyncGate(connect_async(TEST_REDIS_URL), keyspace, skewed).evicted_until(
+            [POOL, "acct-z/never-synced"])
+
+    got = asyncio.run(read())
+    assert got["acct-z/never-synced"] == 0
+    midnight_here = next_beijing_midnight_ms(skewed.now_ms()) + 3_600_000
+    assert abs(got[POOL] - midnight_here) < 5_000

@@ -9,6 +9,7 @@ share the argument building and answer parsing below, so they cannot drift apart
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -275,12 +276,20 @@ class AsyncGate:
         return await self._run("status", pool, self.args.status())
 
     async def evicted_until(self, pools: list[str]) -> dict[str, int]:
-        """Each pool's eviction deadline (ms; 0 = routable), one pipelined round trip."""
+        """Each pool's eviction deadline (0 = routable), one pipelined round trip.
+
+        The scripts stamp deadlines on the Redis server's clock; they come back translated to
+        this host's clock, so callers compare them with `time.time()` whatever the skew.
+        """
         async def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
+            pipe.time()
             for pool in pools:
                 pipe.hget(self.args.keys(pool).state, "evicted_until")
             return await pipe.execute()
 
-        values = await _astore_call(fetch)
-        return {p: int(v or 0) for p, v in zip(pools, values, strict=True)}
+        (sec, usec), *values = await _astore_call(fetch)
+        pinned = self.args.clock.now_ms()
+        server_now = pinned if pinned is not None else int(sec) * 1000 + int(usec) // 1000
+        skew = int(time.time() * 1000) - server_now
+        return {p: int(v) + skew if v and int(v) else 0 for p, v in zip(pools, values, strict=True)}
