@@ -237,12 +237,22 @@ class Gate:
         sec, usec = _store_call(self.client.time)
         return int(sec) * 1000 + int(usec) // 1000
 
-    def timeline(self, pool: str) -> tuple[list[tuple[int, int]], int]:
-        """The pool's (minute, lifetime usage) entries, ascending, and the trimmed floor."""
+    def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:
+        """The pool's (minute, lifetime usage) entries from `since_ms` on, ascending, and the
+        usage recorded before them (the floor)."""
         keys = self.args.keys(pool)
-        raw = _store_call(lambda: self.client.hgetall(keys.timeline))
-        floor = _store_call(lambda: self.client.hget(keys.state, "tl_floor"))
-        return sorted((int(m), int(u)) for m, u in raw.items()), int(floor or 0)
+        since = since_ms // 60_000
+        found: list[Any] = _store_call(lambda: self.client.zrangebyscore(keys.timeline_index, since, "+inf"))
+        minutes = [int(m) for m in found]
+        values = _store_call(lambda: self.client.hmget(keys.timeline, minutes)) if minutes else []
+        before = _store_call(lambda: self.client.zrevrangebyscore(
+            keys.timeline_index, since - 1, "-inf", start=0, num=1))
+        if before:
+            minute = before[0].decode() if isinstance(before[0], bytes) else str(before[0])
+            floor = _store_call(lambda: self.client.hget(keys.timeline, minute))
+        else:
+            floor = _store_call(lambda: self.client.hget(keys.state, "tl_floor"))
+        return [(m, int(v or 0)) for m, v in zip(minutes, values, strict=True)], int(floor or 0)
 
     def pools(self) -> list[str]:
         members = _store_call(lambda: self.client.smembers(self.args.keyspace.pools_index()))

@@ -87,7 +87,7 @@ class UsageView:
     """Our side at sync time: the per-minute lifetime-usage timeline and what is in flight."""
 
     minutes: tuple[tuple[int, int], ...]  # (minute index, lifetime usage at its end), ascending
-    floor: int  # usage of the newest minute trimmed from the timeline
+    floor: int  # usage recorded before the first minute in `minutes`
     lifetime_usage: int
     inflight: int
 

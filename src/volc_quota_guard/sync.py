@@ -24,9 +24,18 @@ from typing import Protocol
 from .billing import BillingClient, ResourcePackage
 from .config import Settings
 from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
-from .gate import Gate
+from .gate import Decision, Gate
 from .keys import KeySpace
-from .limit import LimitResult, LimitState, PackageView, UsageView, compute_limit, next_expiry_ms
+from .limit import (
+    QUIET_MS,
+    LimitResult,
+    LimitState,
+    PackageView,
+    UsageView,
+    assumed_lag_ms,
+    compute_limit,
+    next_expiry_ms,
+)
 from .packages import PoolSpec, assign, pools_from_model_list
 from .store import connect
 
@@ -35,6 +44,7 @@ log = logging.getLogger("volc_quota_guard.sync")
 LOCK_MS = 60_000  # long enough for a paginated listing with retries
 BURST_SPACING_MS = 60_000  # burst syncs at most once a minute per account
 RETRY_MS = 60_000  # after a failed sync, try again this soon
+TIMELINE_WINDOW_MS = 6 * 3_600_000  # how much of the usage timeline a sync reads
 
 
 class PackageLister(Protocol):
@@ -148,10 +158,9 @@ class SyncService:
         for spec in specs:
             pooled = assignment.pools[spec.pool]
             views = _views(pooled.packages)
-            result = self._sync_pool(spec.pool, views, started)
+            result, decision = self._sync_pool(spec.pool, views, started)
             results.append(result)
-            headroom = self.gate.status(spec.pool).decision.headroom
-            if headroom < self.cfg.low_headroom_tokens:
+            if decision.headroom < self.cfg.low_headroom_tokens:
                 next_at = min(next_at, started + self.cfg.sync_low_interval_minutes * 60_000)
             expiry = next_expiry_ms(views, started)
             if expiry is not None:
@@ -163,16 +172,18 @@ class SyncService:
             "usage_total": self._usage_total(specs), "api_packages": len(packages), "why": why})
         return SyncOutcome(account, True, tuple(results))
 
-    def _sync_pool(self, pool: str, views: list[PackageView], now: int) -> LimitResult:
+    def _sync_pool(self, pool: str, views: list[PackageView], now: int) -> tuple[LimitResult, Decision]:
         keys = self.keyspace.pool(pool)
+        cfg = self.cfg
         raw_state = self.client.get(keys.limit_state)
         state = LimitState.from_json(json.loads(raw_state) if raw_state else None)
-        status = self.gate.status(pool) if self.client.exists(keys.state) else None
-        minutes, floor = self.gate.timeline(pool)
-        usage = UsageView(tuple(minutes), floor,
-                          lifetime_usage=status.get("ucum") if status else 0,
-                          inflight=status.get("inflight") if status else 0)
-        cfg = self.cfg
+        status = self.gate.status(pool)
+        # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
+        # lower bound stays a lower bound when its search starts later).
+        lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * 60_000)
+        minutes, floor = self.gate.timeline(pool, now - max(TIMELINE_WINDOW_MS, lag + QUIET_MS))
+        usage = UsageView(tuple(minutes), floor, lifetime_usage=status.get("ucum"),
+                          inflight=status.get("inflight"))
         result = compute_limit(
             now_ms=now, packages=views, usage=usage, state=state,
             lag_floor_ms=cfg.lag_floor_minutes * 60_000, small_buffer=cfg.small_buffer,
@@ -181,7 +192,7 @@ class SyncService:
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views])
         decision = self.gate.install_snapshot(pool, snapshot)
         self.client.set(keys.limit_state, json.dumps(result.state.to_json()))
-        today_usage = status.get("day_usage") if status else 0
+        today_usage = status.get("day_usage")
         b0 = result.free_total - (usage.lifetime_usage - today_usage)
         observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // 60_000}min"
         log.info("🔄 [Sync] %s: Bal=%s UsageAtSync=%s Δ=%smin (observed %s) B0≈%s Expiring=%s "
@@ -191,7 +202,7 @@ class SyncService:
                  f"{decision.balance_wall:,}", f"{decision.used_balance:,}", f"{decision.headroom:,}")
         for note in result.notes:
             log.warning("⚠️ [Sync] %s: %s", pool, note)
-        return result
+        return result, decision
 
     # -- the thread ---------------------------------------------------------------------------
     def tick(self) -> list[SyncOutcome]:
