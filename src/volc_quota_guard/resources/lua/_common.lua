@@ -38,11 +38,15 @@ local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buf
   'evict_below', 'ucum', 'day', 'day_usage', 'prev_day_usage', 'inflight', 'overruns',
   'expired_count', 'evicted_until', 'tl_floor', 'snap_seq'}
 
+local LOAD_FIELDS = {unpack(FIELDS)}
+LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
+
+-- One read of the whole state; `exists` is false for a pool that never had a snapshot.
 local function load()
-  local vals = redis.call('HMGET', K_STATE, unpack(FIELDS))
-  local st = {}
+  local vals = redis.call('HMGET', K_STATE, unpack(LOAD_FIELDS))
+  local st = {exists = vals[1] ~= false and vals[1] ~= nil}
   for i, f in ipairs(FIELDS) do st[f] = tonumber(vals[i]) or 0 end
-  st.evicted_wall = redis.call('HGET', K_STATE, 'evicted_wall') or ''
+  st.evicted_wall = vals[#LOAD_FIELDS] or ''
   return st
 end
 
@@ -144,5 +148,3 @@ local function answer(st, status, reason, amount, overrun)
   return {status, reason, amount, math.min(hb, hc), st.ucum + st.inflight, wall_balance(st),
     st.day_usage + st.inflight, st.cap, st.inflight, st.evicted_until, overrun or 0}
 end
-
-local function has_snapshot() return redis.call('HEXISTS', K_STATE, 'snap_at') == 1 end

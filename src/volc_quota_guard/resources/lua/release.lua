@@ -4,9 +4,9 @@ local now = read_now(ARGV[1])
 local id = ARGV[2]
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
 if not valid_id(id) then return err('bad_id', 'request id must be 1-256 bytes') end
-if not has_snapshot() then return err('unknown_pool', 'pool has no snapshot') end
 
 local st = load()
+if not st.exists then return err('unknown_pool', 'pool has no snapshot') end
 housekeep(st, now)
 local reason, amount = 'unknown_id', 0
 local live = redis.call('HGET', K_RES, id)

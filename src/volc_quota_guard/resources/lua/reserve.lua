@@ -11,9 +11,9 @@ if not wanted or not least then
   return err('bad_amount', 'amounts must be integers, 1 <= least <= wanted <= ' .. MAX_REQUEST)
 end
 if not ttl then return err('bad_ttl', 'ttl must be 1000-604800000 ms') end
-if not has_snapshot() then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0} end
 
 local st = load()
+if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0} end
 housekeep(st, now)
 local reason, granted, status = nil, 0, 'refused'
 local live = redis.call('HGET', K_RES, id)

@@ -9,9 +9,9 @@ if ARGV[3] ~= '' then
   actual = int_arg(ARGV[3], 0, MAX_REQUEST)
   if not actual then return err('bad_amount', 'actual must be empty or an integer 0-' .. MAX_REQUEST) end
 end
-if not has_snapshot() then return err('unknown_pool', 'pool has no snapshot') end
 
 local st = load()
+if not st.exists then return err('unknown_pool', 'pool has no snapshot') end
 housekeep(st, now)
 local reason, counted, above = nil, 0, false
 local live = redis.call('HGET', K_RES, id)

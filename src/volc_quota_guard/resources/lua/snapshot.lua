@@ -12,7 +12,7 @@ end
 if v[7] <= now then return err('bad_time', 'valid_until must be in the future') end
 
 local st = load()
-if not has_snapshot() then st.day = day_of(now) end
+if not st.exists then st.day = day_of(now) end
 housekeep(st, now)
 st.snap_at, st.balance, st.expiring, st.buffer, st.cap, st.valid_until, st.evict_below =
   now, v[2], v[4], v[5], v[6], v[7], v[8]
