@@ -19,7 +19,7 @@ from volc_quota_guard.clock import ManualClock, beijing_day, next_beijing_midnig
 from volc_quota_guard.errors import GateError
 from volc_quota_guard.gate import Decision, Gate, Snapshot
 from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.model import GateModel
+from volc_quota_guard.model import RESOLVED_MS, GateModel
 from volc_quota_guard.store import connect
 
 POOLS = ["acct-a/model-x", "acct-b/model-x"]
@@ -45,7 +45,6 @@ class GateVersusModel(RuleBasedStateMachine):
         self.clock = ManualClock(START)
         self.gate = Gate(self.client, self.keyspace, self.clock)
         self.model = GateModel()
-        self.resolved: set[tuple[str, str]] = set()
         self.last_ucum = {p: 0 for p in POOLS}
         self.last_day = {p: (0, 0) for p in POOLS}
         self.overrun_seen = {p: False for p in POOLS}
@@ -53,6 +52,11 @@ class GateVersusModel(RuleBasedStateMachine):
     def teardown(self) -> None:
         for key in self.client.scan_iter(f"{self.keyspace.prefix}:*", count=1000):
             self.client.delete(key)
+
+    def remembered(self, pool: str, rid: str) -> bool:
+        """Resolved and still within the retention (so the next call cannot have trimmed it)."""
+        p = self.model.pools.get(pool)
+        return p is not None and rid in p.resolved and p.resolved[rid][2] > self.now - RESOLVED_MS
 
     @property
     def now(self) -> int:
@@ -93,10 +97,11 @@ class GateVersusModel(RuleBasedStateMachine):
           least_frac=st.floats(0.01, 1.0), ttl_s=st.integers(1, 3600))
     def reserve(self, pool, rid, wanted, least_frac, ttl_s):
         least = max(1, int(wanted * least_frac))
+        remembered = self.remembered(pool, rid)
         d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000),
                       lambda: self.model.reserve(pool, rid, wanted, least, ttl_s * 1000, self.now))
         if d is not None and d.reason == "admitted":
-            assert (pool, rid) not in self.resolved, "a resolved id was reserved again"
+            assert not remembered, "a resolved id was reserved again"
             assert least <= d.amount <= wanted
             if not self.overrun_seen[pool]:
                 assert d.used_balance <= d.balance_wall and d.used_today <= d.daily_cap
@@ -104,12 +109,13 @@ class GateVersusModel(RuleBasedStateMachine):
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS),
           actual=st.one_of(st.none(), st.integers(0, 500_000)))
     def settle(self, pool, rid, actual):
+        remembered = self.remembered(pool, rid)
         d = self.both(lambda: self.gate.settle(pool, rid, actual),
                       lambda: self.model.settle(pool, rid, actual, self.now))
         if d is not None:
             self.overrun_seen[pool] |= d.overrun
             if d.reason in ("settled", "unreserved"):
-                assert (pool, rid) not in self.resolved or d.reason == "unreserved"
+                assert not remembered, "a resolved id was counted twice"
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS))
     def release(self, pool, rid):
@@ -163,10 +169,7 @@ class GateVersusModel(RuleBasedStateMachine):
                     for k, v in self.client.hgetall(keys.reservations).items()}
             assert live == {rid: amt for rid, (amt, _) in m.reservations.items()}
             assert m.inflight == sum(live.values()), "in-flight != live reservations"
-            for rid in m.resolved:
-                self.resolved.add((pool, rid))
-            for rid in live:
-                assert (pool, rid) not in self.resolved or rid not in m.resolved
+            assert not set(live) & set(m.resolved), "an id is both live and resolved"
             assert m.ucum >= self.last_ucum[pool], "lifetime usage decreased"
             day, usage = self.last_day[pool]
             assert m.day >= day

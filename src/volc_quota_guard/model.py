@@ -16,7 +16,8 @@ from .gate import Decision, Snapshot
 MAX_REQUEST = 100_000_000
 MAX_AMOUNT = 10**15
 MAX_TIME = 4_102_444_800_000
-RETAIN_MS = 172_800_000
+RESOLVED_MS = 21_600_000  # resolved ids: 6 h
+TIMELINE_MS = 172_800_000  # timeline minutes: 48 h
 SWEEP_LIMIT = 1000
 TRIM_LIMIT = 100
 
@@ -78,11 +79,11 @@ class PoolModel:
             self.add_usage(amount, now)
             self.resolve(rid, "expired", amount, now)
             self.expired_count += 1
-        cutoff = now - RETAIN_MS
+        cutoff = now - RESOLVED_MS
         old = sorted((at, rid) for rid, (_, _, at) in self.resolved.items() if at <= cutoff)
         for _, rid in old[:TRIM_LIMIT]:
             del self.resolved[rid]
-        for minute in sorted(m for m in self.timeline if m <= cutoff // 60_000)[:TRIM_LIMIT]:
+        for minute in sorted(m for m in self.timeline if m <= (now - TIMELINE_MS) // 60_000)[:TRIM_LIMIT]:
             self.tl_floor = max(self.tl_floor, self.timeline.pop(minute))
 
     def update_eviction(self) -> None:

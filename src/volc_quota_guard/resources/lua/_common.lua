@@ -9,7 +9,8 @@ local K_STATE, K_RES, K_DL, K_DONE, K_DONE_AT, K_TL, K_TL_IDX =
 local MAX_REQUEST = 100000000          -- tokens in one request or settle
 local MAX_AMOUNT = 1000000000000000    -- tokens in a snapshot field
 local MAX_TIME = 4102444800000         -- 2100-01-01: also "evicted until the next snapshot"
-local RETAIN_MS = 172800000            -- resolved ids and timeline minutes live 48 h
+local RESOLVED_MS = 21600000           -- resolved ids live 6 h: a later settle is counted again (safe)
+local TIMELINE_MS = 172800000          -- timeline minutes live 48 h
 local SWEEP_LIMIT = 1000               -- expired reservations swept per call
 local TRIM_LIMIT = 100                 -- old ids / minutes trimmed per call
 
@@ -102,13 +103,12 @@ local function sweep(st, now)
 end
 
 local function trim(st, now)
-  local cutoff = now - RETAIN_MS
-  local old = redis.call('ZRANGEBYSCORE', K_DONE_AT, '-inf', cutoff, 'LIMIT', 0, TRIM_LIMIT)
+  local old = redis.call('ZRANGEBYSCORE', K_DONE_AT, '-inf', now - RESOLVED_MS, 'LIMIT', 0, TRIM_LIMIT)
   for _, id in ipairs(old) do
     redis.call('HDEL', K_DONE, id)
     redis.call('ZREM', K_DONE_AT, id)
   end
-  local minutes = redis.call('ZRANGEBYSCORE', K_TL_IDX, '-inf', math.floor(cutoff / 60000),
+  local minutes = redis.call('ZRANGEBYSCORE', K_TL_IDX, '-inf', math.floor((now - TIMELINE_MS) / 60000),
     'LIMIT', 0, TRIM_LIMIT)
   for _, m in ipairs(minutes) do
     local u = tonumber(redis.call('HGET', K_TL, m)) or 0
