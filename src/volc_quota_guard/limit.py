@@ -32,6 +32,7 @@ QUIET_MS = 120 * MINUTE_MS  # no usage for this long: every plausible lag has se
 LAG_MEMORY_MS = 7 * 86_400_000  # observed lags are remembered a week
 LAG_MARGIN = 1.25  # Δ_assumed = worst observed × margin + 2 min
 LAG_PAD_MS = 2 * MINUTE_MS
+LAG_BELIEVABLE_MS = 4 * 60 * MINUTE_MS  # a longer "lag" is a broken anchor, not a lag
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,14 @@ def compute_limit(
             unsettled_from = usage.first_above(settled, state.anchor_ms)
             if unsettled_from is not None:
                 observed = max(0, now_ms - unsettled_from)
-                state = replace(state, lags=(*state.lags, (now_ms, observed))[-50:])
+                if observed > LAG_BELIEVABLE_MS:
+                    # Hours behind is not a lag we can plan around: more likely the anchor is
+                    # off (an expiry shift over-subtracts). Say so; don't let it rule for a week.
+                    notes.append(f"the API looks {observed // 60_000} min behind our usage; "
+                                 "observation not used — check the account's usage outside the proxy")
+                    observed = None
+                else:
+                    state = replace(state, lags=(*state.lags, (now_ms, observed))[-50:])
 
     lag = assumed_lag_ms(state, now_ms, lag_floor_ms)
     estimate = balance + usage.usage_at(now_ms - lag)

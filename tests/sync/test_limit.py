@@ -119,3 +119,14 @@ def test_balance_drop_beyond_recorded_usage_is_flagged():
     r = limit([PackageView("p1", 1_700_000, None)], view, state=state)
     assert r.external_usage and any("outside the proxy" in n for n in r.notes)
     assert r.free_total <= 1_700_000 + 100_000
+
+
+def test_an_unbelievable_lag_is_reported_not_adopted():
+    """A settled-through point hours back is flagged in the notes and does not raise Δ for a week."""
+    state = LimitState(packages=(("p1", 1_000_000),), anchor_free_total=1_500_000,
+                       anchor_ms=T - 20 * 60 * MIN, last_sync_ms=T - 10 * MIN)
+    # Steady usage for 6 hours; the balance says only 100,000 was ever settled (5 h 40 min ago).
+    points = {m: 100_000 + (360 - m) * 1_000 for m in range(0, 360, 5)}
+    r = limit([PackageView("p1", 1_400_000, None)], usage(points, lifetime=460_000, inflight=1), state=state)
+    assert r.lag_observed_ms is None and r.state.lags == ()
+    assert any("behind our usage" in n for n in r.notes)
