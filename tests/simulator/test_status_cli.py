@@ -31,6 +31,7 @@ def seeded(store_url: str, keyspace: KeySpace, monkeypatch: pytest.MonkeyPatch) 
         balance=1_500_000, settled_usage=0, expiring=0, small_buffer=50_000, daily_cap=2_000_000,
         valid_until_ms=now + 85 * MIN,
         packages=[{"instance_no": "P1", "available": 1_500_000, "expires_ms": now + 600 * MIN}]))
+    gate = Gate(client, keyspace, ManualClock(now))  # traffic now: on the Beijing day status reads
     gate.reserve(BUSY, "r1", 10_000)
     gate.settle(BUSY, "r1", 8_000)
     gate.reserve(BUSY, "r2", 5_000)
