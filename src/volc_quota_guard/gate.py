@@ -48,6 +48,7 @@ class Decision:
     inflight: int
     evicted_until: int
     overrun: bool
+    balance_at_sync: int = 0  # for log lines: saves a read of the pool state
 
     @property
     def admitted(self) -> bool:
@@ -103,7 +104,7 @@ def _parse(raw: list[Any]) -> Decision:
         status=vals[0], reason=vals[1], amount=int(vals[2]), headroom=int(vals[3]),
         used_balance=int(vals[4]), balance_wall=int(vals[5]), used_today=int(vals[6]),
         daily_cap=int(vals[7]), inflight=int(vals[8]), evicted_until=int(vals[9]),
-        overrun=bool(int(vals[10])),
+        overrun=bool(int(vals[10])), balance_at_sync=int(vals[11]) if len(vals) > 11 else 0,
     )
 
 

@@ -538,7 +538,7 @@ class QuotaGuard(CustomLogger):
                         res.upstream_model, res.pool, res.call_id)
             return
         d = await self.gate().settle(res.pool, res.rid, actual)
-        await self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
+        self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
 
     async def async_post_call_failure_deployment_hook(self, request_data: Mapping[str, object],
                                                       exception: Exception, call_type: Any,
@@ -564,7 +564,7 @@ class QuotaGuard(CustomLogger):
             await self._release(res, f"{type(exc).__name__} before the upstream accepted")
         else:
             d = await self.gate().settle(res.pool, res.rid, None)
-            await self._log_usage(res, None, d, "unavailable", 0,
+            self._log_usage(res, None, d, "unavailable", 0,
                                   outcome=type(exc).__name__)
 
     async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any,
@@ -579,7 +579,7 @@ class QuotaGuard(CustomLogger):
             d = await self.gate().settle(res.pool, res.rid, None)
             if d.reason == "settled":
                 exc = kwargs.get("exception")
-                await self._log_usage(res, None, d, "unavailable", 0,
+                self._log_usage(res, None, d, "unavailable", 0,
                                       outcome=type(exc).__name__ if exc is not None else "failure")
         except Exception:  # noqa: BLE001
             log.exception("settle after failure event failed; the reservation expires as consumed")
@@ -589,14 +589,9 @@ class QuotaGuard(CustomLogger):
         log.info("↩️ [RELEASE] %s:%s: -%d (%s) pool=%s call=%s", res.upstream_model,
                  loglines.short_hash(res.pool), d.amount, why, res.pool, res.call_id)
 
-    async def _log_usage(self, res: Reservation, tokens: int | None, d: Decision, source: str,
-                         cached: int, **fields: object) -> None:
-        try:
-            raw = await self.gate().client.hget(self.gate().args.keys(res.pool).state, "balance")
-            bal: int | None = int(raw) if raw is not None else None
-        except Exception:  # noqa: BLE001  the log line must not fail the settle
-            bal = None
-        line = loglines.usage(res.upstream_model, res.pool, tokens, d, bal, source=source,
+    def _log_usage(self, res: Reservation, tokens: int | None, d: Decision, source: str,
+                   cached: int, **fields: object) -> None:
+        line = loglines.usage(res.upstream_model, res.pool, tokens, d, d.balance_at_sync, source=source,
                               counted=d.amount, reserved=res.granted, cached=cached or None,
                               group=res.model_group, call=res.call_id,
                               overrun="yes" if d.overrun else None, **fields)

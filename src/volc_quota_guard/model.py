@@ -100,7 +100,7 @@ class PoolModel:
         hb, hc = self.headrooms()
         return Decision(status, reason, amount, min(hb, hc), self.ucum + self.inflight,
                         self.balance_wall(), self.day_usage + self.inflight, self.cap,
-                        self.inflight, self.evicted_until, overrun)
+                        self.inflight, self.evicted_until, overrun, self.balance)
 
 
 _NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False)

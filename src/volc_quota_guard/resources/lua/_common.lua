@@ -146,5 +146,5 @@ end
 local function answer(st, status, reason, amount, overrun)
   local hb, hc = headrooms(st)
   return {status, reason, amount, math.min(hb, hc), st.ucum + st.inflight, wall_balance(st),
-    st.day_usage + st.inflight, st.cap, st.inflight, st.evicted_until, overrun or 0}
+    st.day_usage + st.inflight, st.cap, st.inflight, st.evicted_until, overrun or 0, st.balance}
 end
