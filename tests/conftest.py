@@ -31,6 +31,15 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     config.settings.cache_clear()
 
 
+@pytest.fixture(autouse=True)
+def _guard_logs_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing the hook gives our logger its own handler and stops propagation (the proxy's
+    root logger would print every line twice); tests read lines through caplog, on the root."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("volc_quota_guard"), "propagate", True)
+
+
 @pytest.fixture(scope="session")
 def store_url() -> Iterator[str]:
     """A Redis URL every process can reach: the real server, or the embedded one over TCP."""
