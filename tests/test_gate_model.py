@@ -17,9 +17,9 @@ from hypothesis.stateful import (
 from backend import TEST_REDIS_URL
 from volc_quota_guard.clock import ManualClock, beijing_day, next_beijing_midnight_ms
 from volc_quota_guard.errors import GateError
-from volc_quota_guard.gate import Decision, Gate, Snapshot
+from volc_quota_guard.gate import PPM, Decision, Gate, Snapshot
 from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.model import RESOLVED_MS, GateModel
+from volc_quota_guard.model import RESOLVED_MS, GateModel, Held
 from volc_quota_guard.store import connect
 
 POOLS = ["acct-a/model-x", "acct-b/model-x"]
@@ -27,7 +27,8 @@ IDS = [f"call-{i}" for i in range(8)]
 START = 1_786_636_800_000 - 40 * 60_000  # 2026-08-13 23:20 Beijing: a rollover is near
 STATE_FIELDS = ["balance", "settled", "expiring", "buffer", "cap", "valid_until", "ucum", "day",
                 "day_usage", "prev_day_usage", "inflight", "overruns", "expired_count",
-                "evicted_until", "tl_floor", "snap_seq"]
+                "evicted_until", "tl_floor", "snap_seq", "corr", "corr_at", "corr_n", "corr_start",
+                "corr_max", "inflight_est", "inflight_est_res"]
 
 amounts = st.integers(min_value=1, max_value=200_000)
 bad_amounts = st.sampled_from([-1, 0, 1.5, 10**12, "12abc", ""])
@@ -80,42 +81,73 @@ class GateVersusModel(RuleBasedStateMachine):
 
     @initialize(balance=st.integers(200_000, 3_000_000), cap=st.integers(100_000, 2_000_000))
     def first_pool_has_a_snapshot(self, balance, cap):
-        self.snapshot(POOLS[0], balance, 0, 0, 50_000, cap, 600, 1_000)
+        self.snapshot(POOLS[0], balance, 0, 0, 50_000, cap, 600, 1_000, 2 * PPM, PPM)
 
     @rule(pool=st.sampled_from(POOLS), balance=st.integers(0, 3_000_000),
           settled=st.integers(0, 3_000_000), expiring=st.integers(0, 300_000),
           buffer=st.integers(0, 100_000), cap=st.integers(1, 2_500_000),
-          validity_min=st.integers(5, 600), evict_below=st.integers(0, 5_000))
-    def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below):
+          validity_min=st.integers(5, 600), evict_below=st.integers(0, 5_000),
+          corr_start=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM))
+    def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below,
+                 corr_start, corr_extra):
         snap = Snapshot(balance, settled, expiring, buffer, cap,
-                        self.now + validity_min * 60_000, evict_below)
+                        self.now + validity_min * 60_000, evict_below,
+                        correction_start_ppm=corr_start, correction_max_ppm=corr_start + corr_extra)
         self.both(lambda: self.gate.install_snapshot(pool, snap),
                   lambda: self.model.install_snapshot(pool, snap, self.now))
         self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS), wanted=amounts,
-          least_frac=st.floats(0.01, 1.0), ttl_s=st.integers(1, 3600))
-    def reserve(self, pool, rid, wanted, least_frac, ttl_s):
+          least_frac=st.floats(0.01, 1.0), input_frac=st.floats(0.0, 1.0), ttl_s=st.integers(1, 3600))
+    def reserve(self, pool, rid, wanted, least_frac, input_frac, ttl_s):
         least = max(1, int(wanted * least_frac))
+        est = int(least * input_frac)  # the tokenizer's part, reserved times k
         remembered = self.remembered(pool, rid)
-        d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000),
-                      lambda: self.model.reserve(pool, rid, wanted, least, ttl_s * 1000, self.now))
+        d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000, est),
+                      lambda: self.model.reserve(pool, rid, wanted, least, ttl_s * 1000, self.now, est))
         if d is not None and d.reason == "admitted":
             assert not remembered, "a resolved id was reserved again"
-            assert least <= d.amount <= wanted
+            extra = d.input_reserved - est
+            assert extra >= 0 and d.input_reserved * PPM >= est * d.correction_ppm
+            assert least + extra <= d.amount <= wanted + extra
             if not self.overrun_seen[pool]:
                 assert d.used_balance <= d.balance_wall and d.used_today <= d.daily_cap
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS),
-          actual=st.one_of(st.none(), st.integers(0, 500_000)))
-    def settle(self, pool, rid, actual):
+          actual=st.one_of(st.none(), st.integers(0, 500_000)),
+          measured=st.one_of(st.none(), st.integers(0, 600_000)))
+    def settle(self, pool, rid, actual, measured):
         remembered = self.remembered(pool, rid)
-        d = self.both(lambda: self.gate.settle(pool, rid, actual),
-                      lambda: self.model.settle(pool, rid, actual, self.now))
+        d = self.both(lambda: self.gate.settle(pool, rid, actual, measured),
+                      lambda: self.model.settle(pool, rid, actual, self.now, measured))
         if d is not None:
             self.overrun_seen[pool] |= d.overrun
             if d.reason in ("settled", "unreserved"):
                 assert not remembered, "a resolved id was counted twice"
+
+    @precondition(lambda self: any(p.reservations for p in self.model.pools.values()))
+    @rule(data=st.data(), ratio=st.floats(0.0, 1.0))
+    def undercounting_tokenizer_settles(self, data, ratio):
+        """An in-flight request whose prompt the tokenizer under-counted — up to the worst ratio the
+        pool has seen (k) — and whose output ran to its cap: no wall is passed if none was full."""
+        pool = data.draw(st.sampled_from([p for p in POOLS if p in self.model.pools
+                                          and self.model.pools[p].reservations]))
+        self.status(pool)  # housekeeping first, so what we read is what the settle sees
+        p = self.model.pools[pool]
+        if not p.reservations:
+            return
+        rid = data.draw(st.sampled_from(sorted(p.reservations)))
+        h: Held = p.reservations[rid]
+        true_input = int(h.est * p.k // PPM * ratio) if ratio < 1.0 else h.est * p.k // PPM
+        hb, hc = p.headrooms()
+        d = self.both(lambda: self.gate.settle(pool, rid, h.amount - h.est_res + true_input, true_input),
+                      lambda: self.model.settle(pool, rid, h.amount - h.est_res + true_input, self.now,
+                                                true_input))
+        assert d is not None and d.reason == "settled"
+        if hb >= 0 and hc >= 0:
+            assert p.ucum <= p.balance_wall() and p.day_usage <= p.cap, "an under-count passed a wall"
+            assert p.ucum + p.worst_case_inflight() <= p.balance_wall()
+            assert p.day_usage + p.worst_case_inflight() <= p.cap
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS))
     def release(self, pool, rid):
@@ -165,10 +197,12 @@ class GateVersusModel(RuleBasedStateMachine):
                 continue
             for name in STATE_FIELDS:
                 assert int(raw[name]) == getattr(m, name), name
-            live = {k.decode(): int(v.decode().split(":")[0])
+            live = {k.decode(): Held(*map(int, v.decode().split(":")))
                     for k, v in self.client.hgetall(keys.reservations).items()}
-            assert live == {rid: amt for rid, (amt, _) in m.reservations.items()}
-            assert m.inflight == sum(live.values()), "in-flight != live reservations"
+            assert live == m.reservations
+            assert m.inflight == sum(h.amount for h in live.values()), "in-flight != live reservations"
+            assert m.inflight_est == sum(h.est for h in live.values())
+            assert m.held() >= m.worst_case_inflight(), "in-flight held less than its worst case"
             assert not set(live) & set(m.resolved), "an id is both live and resolved"
             assert m.ucum >= self.last_ucum[pool], "lifetime usage decreased"
             day, usage = self.last_day[pool]

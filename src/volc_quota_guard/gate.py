@@ -24,6 +24,7 @@ from .errors import GateError, StoreUnavailable
 from .keys import KeySpace, PoolKeys
 
 VERBS = ("reserve", "settle", "release", "snapshot", "status")
+PPM = 1_000_000  # the estimate correction is carried in parts per million
 T = TypeVar("T")
 
 
@@ -49,6 +50,8 @@ class Decision:
     evicted_until: int
     overrun: bool
     balance_at_sync: int = 0  # for log lines: saves a read of the pool state
+    input_reserved: int = 0  # reserve: the estimated input with the correction applied
+    correction_ppm: int = PPM  # the pool's estimate correction k now, parts per million
 
     @property
     def admitted(self) -> bool:
@@ -80,6 +83,8 @@ class Snapshot:
     valid_until_ms: int
     evict_below: int = 1_000
     packages: list[dict[str, Any]] = field(default_factory=list)  # for status, not for the walls
+    correction_start_ppm: int = 2 * PPM  # k until enough settles were measured
+    correction_max_ppm: int = 3 * PPM  # k never goes above this
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ def _parse(raw: list[Any]) -> Decision:
         status=vals[0], reason=vals[1], amount=int(vals[2]), headroom=int(vals[3]),
         used_balance=int(vals[4]), balance_wall=int(vals[5]), used_today=int(vals[6]),
         daily_cap=int(vals[7]), inflight=int(vals[8]), evicted_until=int(vals[9]),
-        overrun=bool(int(vals[10])), balance_at_sync=int(vals[11]) if len(vals) > 11 else 0,
+        overrun=bool(int(vals[10])), balance_at_sync=int(vals[11]), input_reserved=int(vals[12]),
+        correction_ppm=int(vals[13]),
     )
 
 
@@ -138,12 +144,13 @@ class _Args:
     def keys(self, pool: str) -> PoolKeys:
         return self.keyspace.pool(pool)
 
-    def reserve(self, request_id: str, wanted: int, least: int | None, ttl_ms: int) -> list[str]:
+    def reserve(self, request_id: str, wanted: int, least: int | None, ttl_ms: int,
+                input_tokens: int) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(wanted), _num(wanted if least is None else least),
-                _num(ttl_ms)]
+                _num(ttl_ms), _num(input_tokens)]
 
-    def settle(self, request_id: str, actual: int | None) -> list[str]:
-        return [_now_arg(self.clock), request_id, _num(actual)]
+    def settle(self, request_id: str, actual: int | None, measured_input: int | None) -> list[str]:
+        return [_now_arg(self.clock), request_id, _num(actual), _num(measured_input)]
 
     def release(self, request_id: str) -> list[str]:
         return [_now_arg(self.clock), request_id]
@@ -151,7 +158,7 @@ class _Args:
     def snapshot(self, s: Snapshot) -> list[str]:
         return [_now_arg(self.clock), _num(s.balance), _num(s.settled_usage), _num(s.expiring),
                 _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
-                json.dumps(s.packages)]
+                json.dumps(s.packages), _num(s.correction_start_ppm), _num(s.correction_max_ppm)]
 
     def status(self) -> list[str]:
         return [_now_arg(self.clock)]
@@ -194,13 +201,23 @@ class Gate:
         return _parse(_store_call(lambda: self._scripts[verb](keys=keys, args=args)))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                ttl_ms: int = 900_000) -> Decision:
-        """Reserve up to `wanted` tokens (at least `least`) for `request_id`, or refuse."""
-        return self._run("reserve", pool, self.args.reserve(request_id, wanted, least, ttl_ms))
+                ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
+        """Reserve up to `wanted` tokens (at least `least`) for `request_id`, or refuse.
 
-    def settle(self, pool: str, request_id: str, actual: int | None) -> Decision:
-        """Replace the reservation by real usage; `None` = unknown, keep the reservation as consumed."""
-        return self._run("settle", pool, self.args.settle(request_id, actual))
+        `input_tokens` is the tokenizer's part of both amounts: it is reserved times the pool's
+        estimate correction (`Decision.input_reserved`), so the grant may exceed `wanted`.
+        """
+        return self._run("reserve", pool,
+                         self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens))
+
+    def settle(self, pool: str, request_id: str, actual: int | None,
+               measured_input: int | None = None) -> Decision:
+        """Replace the reservation by real usage; `None` = unknown, keep the reservation as consumed.
+
+        `measured_input` (the upstream's prompt tokens, only when measured) teaches the pool's
+        estimate correction.
+        """
+        return self._run("settle", pool, self.args.settle(request_id, actual, measured_input))
 
     def release(self, pool: str, request_id: str) -> Decision:
         """Free the reservation of a request that never reached the upstream."""
@@ -274,11 +291,13 @@ class AsyncGate:
         return _parse(await _astore_call(lambda: self._scripts[verb](keys=keys, args=args)))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                      ttl_ms: int = 900_000) -> Decision:
-        return await self._run("reserve", pool, self.args.reserve(request_id, wanted, least, ttl_ms))
+                      ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
+        return await self._run("reserve", pool,
+                               self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens))
 
-    async def settle(self, pool: str, request_id: str, actual: int | None) -> Decision:
-        return await self._run("settle", pool, self.args.settle(request_id, actual))
+    async def settle(self, pool: str, request_id: str, actual: int | None,
+                     measured_input: int | None = None) -> Decision:
+        return await self._run("settle", pool, self.args.settle(request_id, actual, measured_input))
 
     async def release(self, pool: str, request_id: str) -> Decision:
         return await self._run("release", pool, self.args.release(request_id))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .clock import beijing_day
 from .errors import GateError
-from .gate import Decision, Snapshot
+from .gate import PPM, Decision, Snapshot
 
 MAX_REQUEST = 100_000_000
 MAX_AMOUNT = 10**15
@@ -20,6 +20,24 @@ RESOLVED_MS = 21_600_000  # resolved ids: 6 h
 TIMELINE_MS = 172_800_000  # timeline minutes: 48 h
 SWEEP_LIMIT = 1000
 TRIM_LIMIT = 100
+CORR_HALF_LIFE_MS = 86_400_000  # the correction's excess over 1.0 halves per day
+CORR_WARMUP = 10  # measured settles before k may fall below its start value
+CORR_MIN_INPUT = 200  # estimates smaller than this teach nothing (template overhead)
+
+
+def corrected(est: int, k: int) -> int:
+    """ceil(est × k): the input reserved for a prompt the tokenizer counted as `est`."""
+    return (est * k + PPM - 1) // PPM
+
+
+@dataclass(frozen=True)
+class Held:
+    """A live reservation: amount held, deadline, estimated input, input reserved (k applied)."""
+
+    amount: int
+    deadline: int
+    est: int = 0
+    est_res: int = 0
 
 
 @dataclass
@@ -43,7 +61,15 @@ class PoolModel:
     evicted_wall: str = ""
     tl_floor: int = 0
     snap_seq: int = 0
-    reservations: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (amount, deadline)
+    corr: int = 0  # the peak measured ratio (ppm), 0 = none yet
+    corr_at: int = 0
+    corr_n: int = 0
+    corr_start: int = 2 * PPM
+    corr_max: int = 3 * PPM
+    inflight_est: int = 0
+    inflight_est_res: int = 0
+    k: int = PPM  # the correction now (derived, not stored)
+    reservations: dict[str, Held] = field(default_factory=dict)
     resolved: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # id -> (how, counted, at)
     timeline: dict[int, int] = field(default_factory=dict)  # minute -> lifetime usage
 
@@ -51,9 +77,53 @@ class PoolModel:
     def balance_wall(self) -> int:
         return self.balance + self.settled - self.expiring - self.buffer
 
+    def margin(self) -> int:
+        """What in-flight requests may use beyond their reservations if each one's prompt is
+        under-counted by today's k (they were reserved with the k of their time)."""
+        return max(0, corrected(self.inflight_est, self.k) - self.inflight_est_res)
+
+    def held(self) -> int:
+        return self.inflight + self.margin()
+
+    def worst_case_inflight(self) -> int:
+        """What the in-flight requests may consume if each prompt is under-counted by today's k
+        and each output runs to its cap. The invariant: `held() >= worst_case_inflight()`, so a
+        pool with headroom >= 0 stays within its walls however its in-flight requests settle."""
+        return sum(h.amount - h.est_res + h.est * self.k // PPM for h in self.reservations.values())
+
     def headrooms(self) -> tuple[int, int]:
-        return (self.balance_wall() - (self.ucum + self.inflight),
-                self.cap - (self.day_usage + self.inflight))
+        return (self.balance_wall() - (self.ucum + self.held()),
+                self.cap - (self.day_usage + self.held()))
+
+    # -- the estimate correction ---------------------------------------------------------------
+    def decayed_peak(self, now: int) -> int:
+        if self.corr <= PPM:
+            return PPM
+        halvings = min(60, max(0, now - self.corr_at) // CORR_HALF_LIFE_MS)
+        return PPM + (self.corr - PPM) // 2**halvings
+
+    def correction(self, now: int) -> int:
+        k = self.decayed_peak(now)
+        if self.corr_n < CORR_WARMUP:
+            k = max(k, self.corr_start)
+        return min(k, self.corr_max)
+
+    def observe(self, est: int, measured: int, now: int) -> None:
+        """A measured settle: its ratio becomes the peak when it reaches the decayed one."""
+        if est < CORR_MIN_INPUT:
+            return
+        ratio = min((measured * PPM + est - 1) // est, self.corr_max)
+        self.corr_n = min(self.corr_n + 1, 1_000_000_000)
+        if ratio >= self.decayed_peak(now):
+            self.corr, self.corr_at = ratio, now
+        self.k = self.correction(now)
+
+    def unreserve(self, rid: str) -> Held:
+        h = self.reservations.pop(rid)
+        self.inflight -= h.amount
+        self.inflight_est -= h.est
+        self.inflight_est_res -= h.est_res
+        return h
 
     # -- housekeeping ------------------------------------------------------------------------
     def add_usage(self, n: int, now: int) -> None:
@@ -72,10 +142,9 @@ class PoolModel:
             self.prev_day_usage = self.day_usage if today == self.day + 1 else 0
             self.day_usage = 0
             self.day = today
-        due = sorted((d, rid) for rid, (_, d) in self.reservations.items() if d <= now)
+        due = sorted((h.deadline, rid) for rid, h in self.reservations.items() if h.deadline <= now)
         for _, rid in due[:SWEEP_LIMIT]:
-            amount, _ = self.reservations.pop(rid)
-            self.inflight -= amount
+            amount = self.unreserve(rid).amount
             self.add_usage(amount, now)
             self.resolve(rid, "expired", amount, now)
             self.expired_count += 1
@@ -85,6 +154,7 @@ class PoolModel:
             del self.resolved[rid]
         for minute in sorted(m for m in self.timeline if m <= (now - TIMELINE_MS) // 60_000)[:TRIM_LIMIT]:
             self.tl_floor = max(self.tl_floor, self.timeline.pop(minute))
+        self.k = self.correction(now)
 
     def update_eviction(self) -> None:
         hb, hc = self.headrooms()
@@ -96,14 +166,16 @@ class PoolModel:
         else:
             self.evicted_until, self.evicted_wall = 0, ""
 
-    def answer(self, status: str, reason: str, amount: int, overrun: bool = False) -> Decision:
+    def answer(self, status: str, reason: str, amount: int, overrun: bool = False,
+               input_reserved: int = 0) -> Decision:
         hb, hc = self.headrooms()
-        return Decision(status, reason, amount, min(hb, hc), self.ucum + self.inflight,
-                        self.balance_wall(), self.day_usage + self.inflight, self.cap,
-                        self.inflight, self.evicted_until, overrun, self.balance)
+        return Decision(status, reason, amount, min(hb, hc), self.ucum + self.held(),
+                        self.balance_wall(), self.day_usage + self.held(), self.cap,
+                        self.inflight, self.evicted_until, overrun, self.balance, input_reserved,
+                        self.k)
 
 
-_NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False)
+_NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False, 0, 0, 0)
 
 
 def _is_int(v: object, lo: int, hi: int) -> bool:
@@ -121,10 +193,11 @@ class GateModel:
             raise GateError("bad_id", "request id must be 1-256 bytes")
 
     def reserve(self, pool: str, rid: str, wanted: int, least: int | None, ttl_ms: int,
-                now: int) -> Decision:
+                now: int, input_tokens: int = 0) -> Decision:
         least = wanted if least is None else least
         self._check_id(rid)
-        if not _is_int(wanted, 1, MAX_REQUEST) or not _is_int(least, 1, wanted):
+        if not _is_int(wanted, 1, MAX_REQUEST) or not _is_int(least, 1, wanted) \
+                or not _is_int(input_tokens, 0, least):
             raise GateError("bad_amount", "amounts out of range")
         if not _is_int(ttl_ms, 1000, 604_800_000):
             raise GateError("bad_ttl", "ttl out of range")
@@ -133,41 +206,50 @@ class GateModel:
             return _NO_SNAPSHOT
         p.housekeep(now)
         status, reason, granted = "refused", "", 0
+        est_res = corrected(input_tokens, p.k)
         if rid in p.reservations:
-            status, reason, granted = "ok", "duplicate", p.reservations[rid][0]
+            h = p.reservations[rid]
+            status, reason, granted, est_res = "ok", "duplicate", h.amount, h.est_res
         elif rid in p.resolved:
             reason = "resolved"
         elif now > p.valid_until:
             reason = "stale_snapshot"
         else:
+            extra = est_res - input_tokens
             hb, hc = p.headrooms()
-            grant = min(wanted, hb, hc)
-            if grant >= least:
+            grant = min(wanted + extra, hb, hc)
+            if grant >= least + extra:
                 status, reason, granted = "ok", "admitted", grant
-                p.reservations[rid] = (grant, now + ttl_ms)
+                p.reservations[rid] = Held(grant, now + ttl_ms, input_tokens, est_res)
                 p.inflight += grant
+                p.inflight_est += input_tokens
+                p.inflight_est_res += est_res
             else:
                 reason = "balance_wall" if hb <= hc else "collection_wall"
         p.update_eviction()
-        return p.answer(status, reason, granted)
+        return p.answer(status, reason, granted, input_reserved=est_res)
 
-    def settle(self, pool: str, rid: str, actual: int | None, now: int) -> Decision:
+    def settle(self, pool: str, rid: str, actual: int | None, now: int,
+               measured_input: int | None = None) -> Decision:
         self._check_id(rid)
         if actual is not None and not _is_int(actual, 0, MAX_REQUEST):
             raise GateError("bad_amount", "actual out of range")
+        if measured_input is not None and not _is_int(measured_input, 0, MAX_REQUEST):
+            raise GateError("bad_amount", "measured input out of range")
         p = self.pools.get(pool)
         if p is None:
             raise GateError("unknown_pool", "pool has no snapshot")
         p.housekeep(now)
         above = False
         if rid in p.reservations:
-            reserved, _ = p.reservations.pop(rid)
-            p.inflight -= reserved
-            counted = reserved if actual is None else actual
-            above = counted > reserved
+            h = p.unreserve(rid)
+            counted = h.amount if actual is None else actual
+            above = counted > h.amount
             reason = "settled"
             p.add_usage(counted, now)
             p.resolve(rid, "settled", counted, now)
+            if measured_input is not None and actual is not None:
+                p.observe(h.est, measured_input, now)
         elif rid in p.resolved:
             how, before, _ = p.resolved[rid]
             if actual is not None and how in ("expired", "released"):
@@ -199,8 +281,7 @@ class GateModel:
         p.housekeep(now)
         reason, amount = "unknown_id", 0
         if rid in p.reservations:
-            amount, _ = p.reservations.pop(rid)
-            p.inflight -= amount
+            amount = p.unreserve(rid).amount
             p.resolve(rid, "released", 0, now)
             reason = "released"
         elif rid in p.resolved:
@@ -215,6 +296,9 @@ class GateModel:
             raise GateError("bad_amount", "snapshot fields must be non-negative integers")
         if not _is_int(s.valid_until_ms, 0, MAX_TIME) or s.valid_until_ms <= now:
             raise GateError("bad_time", "valid_until must be in the future")
+        if not (_is_int(s.correction_max_ppm, PPM, 100 * PPM)
+                and _is_int(s.correction_start_ppm, PPM, s.correction_max_ppm)):
+            raise GateError("bad_amount", "correction: 1e6 <= start <= max <= 1e8 ppm")
         p = self.pools.get(pool)
         if p is None:
             p = self.pools[pool] = PoolModel(day=beijing_day(now))
@@ -224,6 +308,8 @@ class GateModel:
         p.valid_until, p.evict_below = s.valid_until_ms, s.evict_below
         p.settled = min(s.settled_usage, p.ucum)
         p.snap_seq += 1
+        p.corr_start, p.corr_max = s.correction_start_ppm, s.correction_max_ppm
+        p.k = p.correction(now)
         p.update_eviction()
         return p.answer("ok", "installed", 0)
 

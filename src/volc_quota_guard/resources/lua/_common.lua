@@ -1,5 +1,5 @@
 -- Shared prelude, prepended to every gate script (see gate.py).
--- KEYS: 1 state (hash), 2 reservations (hash id -> "amount:deadline"), 3 deadlines (zset),
+-- KEYS: 1 state (hash), 2 reservations (hash id -> "amount:deadline:est:est_reserved"), 3 deadlines (zset),
 --       4 resolved (hash id -> "how:counted"), 5 resolved_at (zset), 6 timeline (hash minute -> usage),
 --       7 timeline index (zset).  Amounts are tokens, times are ms since the epoch.
 local unpack = unpack or table.unpack  -- Lua 5.1 in Redis, 5.4 in the embedded store
@@ -13,6 +13,12 @@ local RESOLVED_MS = 21600000           -- resolved ids live 6 h: a later settle 
 local TIMELINE_MS = 172800000          -- timeline minutes live 48 h
 local SWEEP_LIMIT = 1000               -- expired reservations swept per call
 local TRIM_LIMIT = 100                 -- old ids / minutes trimmed per call
+-- The estimate correction k (parts per million): measured / estimated prompt tokens.
+local PPM = 1000000
+local CORR_HALF_LIFE_MS = 86400000     -- k's excess over 1.0 halves per day without a new peak
+local CORR_WARMUP = 10                 -- measured settles before k may fall below its start value
+local CORR_MIN_INPUT = 200             -- smaller estimates are mostly chat-template overhead
+local CORR_START, CORR_MAX = 2000000, 3000000  -- defaults when a snapshot does not say
 
 local function int_arg(v, lo, hi)
   if type(v) ~= 'string' or #v == 0 or #v > 16 or not string.match(v, '^%d+$') then return nil end
@@ -37,7 +43,8 @@ local function day_of(ms) return math.floor((ms + 28800000) / 86400000) end  -- 
 
 local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buffer', 'cap',
   'evict_below', 'ucum', 'day', 'day_usage', 'prev_day_usage', 'inflight', 'overruns',
-  'expired_count', 'evicted_until', 'tl_floor', 'snap_seq'}
+  'expired_count', 'evicted_until', 'tl_floor', 'snap_seq', 'corr', 'corr_at', 'corr_n',
+  'corr_start', 'corr_max', 'inflight_est', 'inflight_est_res'}
 
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
@@ -60,6 +67,46 @@ local function save(st)
   args[#args + 1] = 'evicted_wall'
   args[#args + 1] = st.evicted_wall
   redis.call('HSET', K_STATE, unpack(args))
+end
+
+-- A reservation record: amount, deadline, estimated input, input reserved for it (k applied).
+local function parse_res(rec)
+  local amount, deadline, est, est_res = string.match(rec, '^(%d+):(%d+):?(%d*):?(%d*)$')
+  return tonumber(amount), tonumber(deadline), tonumber(est) or 0, tonumber(est_res) or 0
+end
+
+-- The measured peak ratio, its excess over 1.0 halved for each day since it was seen.
+local function decayed_peak(st, now)
+  if st.corr <= PPM then return PPM end
+  local halvings = math.min(60, math.floor(math.max(0, now - st.corr_at) / CORR_HALF_LIFE_MS))
+  return PPM + math.floor((st.corr - PPM) / 2 ^ halvings)
+end
+
+-- k now: the decayed peak, not below the start value until enough settles were measured
+-- (a cold start fails safe), never above corr_max.
+local function correction(st, now)
+  local k = decayed_peak(st, now)
+  if st.corr_n < CORR_WARMUP then k = math.max(k, st.corr_start) end
+  return math.min(k, st.corr_max)
+end
+
+local function corrected(est, k) return math.floor((est * k + PPM - 1) / PPM) end  -- ceil(est * k)
+
+-- A measured settle: its ratio becomes the peak when it reaches the decayed one. Estimated and
+-- missing usage never come here, so they can never lower k.
+local function observe(st, est, measured, now)
+  if est < CORR_MIN_INPUT then return end
+  local ratio = math.min(math.floor((measured * PPM + est - 1) / est), st.corr_max)
+  st.corr_n = math.min(st.corr_n + 1, 1000000000)
+  if ratio >= decayed_peak(st, now) then st.corr, st.corr_at = ratio, now end
+  st.k = correction(st, now)
+end
+
+-- Drop one reservation from the in-flight sums.
+local function unreserve(st, amount, est, est_res)
+  st.inflight = st.inflight - amount
+  st.inflight_est = st.inflight_est - est
+  st.inflight_est_res = st.inflight_est_res - est_res
 end
 
 local function roll_day(st, now)
@@ -92,9 +139,9 @@ local function sweep(st, now)
     local rec = redis.call('HGET', K_RES, id)
     redis.call('ZREM', K_DL, id)
     if rec then
-      local amount = tonumber(string.match(rec, '^(%d+):'))
+      local amount, _, est, est_res = parse_res(rec)
       redis.call('HDEL', K_RES, id)
-      st.inflight = st.inflight - amount
+      unreserve(st, amount, est, est_res)
       add_usage(st, amount, now)
       resolve(id, 'expired', amount, now)
       st.expired_count = st.expired_count + 1
@@ -119,15 +166,23 @@ local function trim(st, now)
 end
 
 local function housekeep(st, now)
+  if st.corr_start == 0 then st.corr_start, st.corr_max = CORR_START, CORR_MAX end
   roll_day(st, now)
   sweep(st, now)
   trim(st, now)
+  st.k = correction(st, now)
 end
 
 local function wall_balance(st) return st.balance + st.settled - st.expiring - st.buffer end
 
+-- In-flight requests reserved with a k lower than today's may each use that much more input.
+local function margin(st)
+  return math.max(0, corrected(st.inflight_est, st.k) - st.inflight_est_res)
+end
+
 local function headrooms(st)
-  return wall_balance(st) - (st.ucum + st.inflight), st.cap - (st.day_usage + st.inflight)
+  local held = st.inflight + margin(st)
+  return wall_balance(st) - (st.ucum + held), st.cap - (st.day_usage + held)
 end
 
 -- Soft-evict: a pool with less headroom than evict_below leaves routing until the next
@@ -143,8 +198,10 @@ local function update_eviction(st)
   end
 end
 
-local function answer(st, status, reason, amount, overrun)
+local function answer(st, status, reason, amount, overrun, input_reserved)
   local hb, hc = headrooms(st)
-  return {status, reason, amount, math.min(hb, hc), st.ucum + st.inflight, wall_balance(st),
-    st.day_usage + st.inflight, st.cap, st.inflight, st.evicted_until, overrun or 0, st.balance}
+  local held = st.inflight + margin(st)
+  return {status, reason, amount, math.min(hb, hc), st.ucum + held, wall_balance(st),
+    st.day_usage + held, st.cap, st.inflight, st.evicted_until, overrun or 0, st.balance,
+    input_reserved or 0, st.k or PPM}
 end

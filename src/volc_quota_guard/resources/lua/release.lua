@@ -11,10 +11,11 @@ housekeep(st, now)
 local reason, amount = 'unknown_id', 0
 local live = redis.call('HGET', K_RES, id)
 if live then
-  amount = tonumber(string.match(live, '^(%d+):'))
+  local reserved, _, est, est_res = parse_res(live)
+  amount = reserved
   redis.call('HDEL', K_RES, id)
   redis.call('ZREM', K_DL, id)
-  st.inflight = st.inflight - amount
+  unreserve(st, amount, est, est_res)
   resolve(id, 'released', 0, now)
   reason = 'released'
 elseif redis.call('HEXISTS', K_DONE, id) == 1 then

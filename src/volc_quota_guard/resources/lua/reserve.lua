@@ -1,36 +1,43 @@
--- ARGV: now_ms ('' = server TIME), request id, amount wanted, least amount acceptable, ttl_ms.
--- Grants min(wanted, headroom) when that is at least the least acceptable amount.
+-- ARGV: now_ms ('' = server TIME), request id, amount wanted, least amount acceptable, ttl_ms,
+-- estimated input ('' = 0: the part of both amounts that is the tokenizer's prompt count).
+-- The estimated input is reserved as ceil(est * k); grants min(wanted, headroom) when that is
+-- at least the least acceptable amount (both with k applied).
 local now = read_now(ARGV[1])
 local id = ARGV[2]
 local wanted = int_arg(ARGV[3], 1, MAX_REQUEST)
 local least = wanted and int_arg(ARGV[4], 1, wanted)
 local ttl = int_arg(ARGV[5], 1000, 604800000)
+local est = (ARGV[6] == nil or ARGV[6] == '') and 0 or (least and int_arg(ARGV[6], 0, least))
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
 if not valid_id(id) then return err('bad_id', 'request id must be 1-256 bytes') end
-if not wanted or not least then
-  return err('bad_amount', 'amounts must be integers, 1 <= least <= wanted <= ' .. MAX_REQUEST)
+if not wanted or not least or not est then
+  return err('bad_amount', 'amounts must be integers, 0 <= input <= least <= wanted <= ' .. MAX_REQUEST)
 end
 if not ttl then return err('bad_ttl', 'ttl must be 1000-604800000 ms') end
 
 local st = load()
-if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0} end
+if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
 housekeep(st, now)
-local reason, granted, status = nil, 0, 'refused'
+local reason, granted, status, est_res = nil, 0, 'refused', corrected(est, st.k)
 local live = redis.call('HGET', K_RES, id)
 if live then
-  status, reason, granted = 'ok', 'duplicate', tonumber(string.match(live, '^(%d+):'))
+  local amount, _, _, held_res = parse_res(live)
+  status, reason, granted, est_res = 'ok', 'duplicate', amount, held_res
 elseif redis.call('HEXISTS', K_DONE, id) == 1 then
   reason = 'resolved'
 elseif now > st.valid_until then
   reason = 'stale_snapshot'
 else
+  local extra = est_res - est
   local hb, hc = headrooms(st)
-  local grant = math.min(wanted, hb, hc)
-  if grant >= least then
+  local grant = math.min(wanted + extra, hb, hc)
+  if grant >= least + extra then
     status, reason, granted = 'ok', 'admitted', grant
-    redis.call('HSET', K_RES, id, string.format('%d:%d', grant, now + ttl))
+    redis.call('HSET', K_RES, id, string.format('%d:%d:%d:%d', grant, now + ttl, est, est_res))
     redis.call('ZADD', K_DL, now + ttl, id)
     st.inflight = st.inflight + grant
+    st.inflight_est = st.inflight_est + est
+    st.inflight_est_res = st.inflight_est_res + est_res
   elseif hb <= hc then
     reason = 'balance_wall'
   else
@@ -39,4 +46,4 @@ else
 end
 update_eviction(st)
 save(st)
-return answer(st, status, reason, granted)
+return answer(st, status, reason, granted, 0, est_res)

@@ -1,13 +1,18 @@
--- ARGV: now_ms ('' = server TIME), request id, actual tokens ('' = unknown: keep the reservation).
+-- ARGV: now_ms ('' = server TIME), request id, actual tokens ('' = unknown: keep the reservation),
+-- measured input tokens ('' = not measured: the estimate correction learns nothing).
 -- Replaces a reservation by real usage; each request id is counted exactly once.
 local now = read_now(ARGV[1])
 local id = ARGV[2]
-local actual = nil
+local actual, measured = nil, nil
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
 if not valid_id(id) then return err('bad_id', 'request id must be 1-256 bytes') end
 if ARGV[3] ~= '' then
   actual = int_arg(ARGV[3], 0, MAX_REQUEST)
   if not actual then return err('bad_amount', 'actual must be empty or an integer 0-' .. MAX_REQUEST) end
+end
+if ARGV[4] ~= nil and ARGV[4] ~= '' then
+  measured = int_arg(ARGV[4], 0, MAX_REQUEST)
+  if not measured then return err('bad_amount', 'measured input must be empty or an integer 0-' .. MAX_REQUEST) end
 end
 
 local st = load()
@@ -17,15 +22,16 @@ local reason, counted, above = nil, 0, false
 local live = redis.call('HGET', K_RES, id)
 local done = redis.call('HGET', K_DONE, id)
 if live then
-  local reserved = tonumber(string.match(live, '^(%d+):'))
+  local reserved, _, est, est_res = parse_res(live)
   redis.call('HDEL', K_RES, id)
   redis.call('ZREM', K_DL, id)
-  st.inflight = st.inflight - reserved
+  unreserve(st, reserved, est, est_res)
   counted = actual or reserved
   above = counted > reserved
   reason = 'settled'
   add_usage(st, counted, now)
   resolve(id, 'settled', counted, now)
+  if measured and actual then observe(st, est, measured, now) end
 elseif done then
   local how, before = string.match(done, '^(%a+):(%d+)$')
   before = tonumber(before)
