@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Literal
 
-from pydantic import AliasChoices, Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     default_output_tokens: int = Field(default=8_192, ge=1, le=10_000_000,
                                        description="Output cap when neither request nor model says.")
     count_cached_tokens: bool = True
+    estimate_correction_start: float = Field(
+        default=2.0, ge=1.0, le=100.0,
+        description="Factor on the tokenizer's prompt count until 10 settles were measured.")
+    estimate_correction_max: float = Field(
+        default=3.0, ge=1.0, le=100.0,
+        description="The most the learned correction may multiply the tokenizer's prompt count by.")
 
     sync_enabled: bool = Field(default=True, description="Run the billing sync thread in the proxy.")
     sync_poll_seconds: float = Field(default=5.0, ge=0.05, le=300,
@@ -59,6 +65,18 @@ class Settings(BaseSettings):
     billing_endpoint: str | None = None
     billing_region: str = "cn-beijing"
 
+    @model_validator(mode="after")
+    def _correction_start_within_max(self) -> Settings:
+        if self.estimate_correction_start > self.estimate_correction_max:
+            raise ValueError(f"VQG_ESTIMATE_CORRECTION_START={self.estimate_correction_start} must not "
+                             f"exceed VQG_ESTIMATE_CORRECTION_MAX={self.estimate_correction_max}")
+        return self
+
+    def correction_ppm(self) -> dict[str, int]:
+        """The estimate correction's start and bound as the gate takes them (Snapshot fields)."""
+        return {"correction_start_ppm": round(self.estimate_correction_start * 1_000_000),
+                "correction_max_ppm": round(self.estimate_correction_max * 1_000_000)}
+
 
 # Field name -> (env var, allowed) for error messages.
 def _describe(name: str) -> tuple[str, str]:
@@ -69,7 +87,8 @@ def _describe(name: str) -> tuple[str, str]:
         lo = getattr(m, "ge", lo)
         hi = getattr(m, "le", hi)
     if lo is not None and hi is not None:
-        return env, f"an integer from {lo:,} to {hi:,}"
+        kind = "a number" if field.annotation is float else "an integer"
+        return env, f"{kind} from {lo:,} to {hi:,}"
     if name == "fail_mode":
         return env, "'closed' or 'open'"
     if name == "key_prefix":
@@ -86,7 +105,10 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            name = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # a rule across fields: its message names them
+                problems.append(str(err["msg"]).removeprefix("Value error, "))
+                continue
+            name = str(err["loc"][0])
             name = name.removeprefix("VQG_").lower()
             if name in Settings.model_fields:
                 env, allowed = _describe(name)

@@ -393,7 +393,7 @@ class QuotaGuard(CustomLogger):
         call_id = str(kwargs.get("litellm_call_id") or "")
         try:
             d = await self.gate().reserve(guard.pool, rid, wanted, inp + least_out,
-                                          self.config.reservation_ttl_seconds * 1000)
+                                          self.config.reservation_ttl_seconds * 1000, input_tokens=inp)
         except (StoreUnavailable, GateError) as exc:
             if self.fail_open:
                 log.error("⚠️ [FAIL-OPEN] quota store unreachable, %s passes unguarded: %s",
@@ -403,7 +403,7 @@ class QuotaGuard(CustomLogger):
             raise self._store_down(group, exc) from None
         if not d.admitted:
             self._refuse(kwargs, guard, group, state, d, inp + least_out, call_id)
-        granted_out = max(d.amount - inp, 0)
+        granted_out = max(d.amount - d.input_reserved, 0)  # the input is held times the pool's k
         res = Reservation(rid, guard.pool, guard.model_id, guard.upstream_model, group, call_id,
                           inp, out, d.amount, granted_out if granted_out < out else None,
                           state=state)
@@ -537,7 +537,8 @@ class QuotaGuard(CustomLogger):
             log.warning("📊 [Usage] %s: no usage reported and nothing reserved pool=%s call=%s",
                         res.upstream_model, res.pool, res.call_id)
             return
-        d = await self.gate().settle(res.pool, res.rid, actual)
+        measured_input = reading.prompt if reading.source == "measured" else None
+        d = await self.gate().settle(res.pool, res.rid, actual, measured_input)
         self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
 
     async def async_post_call_failure_deployment_hook(self, request_data: Mapping[str, object],

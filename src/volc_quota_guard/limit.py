@@ -16,6 +16,12 @@ balance lags our usage by Δ, so `U_settled = U(t − Δ)`. Estimates of F, all 
 With an anchor, each later sync locates the API's settled-through point on our timeline: it lies
 before the end of the first minute (after the anchor) whose usage exceeds `F_anchor − Bal`, so
 `now − that minute's end` is a lower bound of the lag — an observed Δ.
+
+Billing: the API's balance lags consumption, so it is never below the true one. A balance of 0
+reached by a package running dry (it had tokens at the last sync and shows 0 now, still listed:
+consumed, not expired) means the free quota is spent and whatever ran since was billed. The pool is closed at once, the estimates start afresh from the next package,
+and the lag observer takes nothing from it (at 0 the API's usage cannot move, which would read as a
+lag growing without end).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class LimitState:
     anchor_ms: int = 0
     lags: tuple[tuple[int, int], ...] = ()  # (observed at ms, lag ms)
     last_sync_ms: int = 0
+    billing_since_ms: int = 0  # when a sync first found the free quota spent (0 = not billing)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -80,6 +87,7 @@ class LimitState:
             anchor_ms=int(raw.get("anchor_ms") or 0),
             lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
+            billing_since_ms=int(raw.get("billing_since_ms") or 0),
         )
 
 
@@ -117,6 +125,8 @@ class LimitResult:
     expiring: int
     external_usage: bool = False  # the API settled more than we ever recorded
     notes: list[str] = field(default_factory=list)
+    billing: bool = False  # the free quota is spent: consumption since it ran out was billed
+    billing_started: bool = False  # ... and this sync is the first to see it
 
 
 def assumed_lag_ms(state: LimitState, now_ms: int, floor_ms: int) -> int:
@@ -140,7 +150,15 @@ def compute_limit(
 ) -> LimitResult:
     balance = sum(p.available for p in packages)
     notes: list[str] = []
+    before = dict(state.packages)
+    ran_dry = any(before.get(p.instance_no, 0) > 0 and p.available == 0 for p in packages)
     state = _follow_package_changes(state, packages, notes)
+    if balance == 0 and (ran_dry or state.billing_since_ms):
+        return _spent(now_ms, packages, usage, state, small_buffer, daily_cap, max_age_ms,
+                      evict_below, notes)
+    if state.billing_since_ms:
+        notes.append("free quota is back: the estimates start afresh")
+        state = replace(state, billing_since_ms=0, lowest_free_total=None, anchor_free_total=None)
 
     quiet = usage.inflight == 0 and usage.usage_at(now_ms - QUIET_MS) == usage.lifetime_usage
     if quiet:
@@ -189,6 +207,20 @@ def compute_limit(
                         valid_until_ms=valid_until, evict_below=evict_below)
     return LimitResult(snapshot, state, balance, settled_usage, free_total, lag, observed,
                        expiring, external, notes)
+
+
+def _spent(now_ms: int, packages: Sequence[PackageView], usage: UsageView, state: LimitState,
+           small_buffer: int, daily_cap: int, max_age_ms: int, evict_below: int,
+           notes: list[str]) -> LimitResult:
+    """The free quota is used up: a snapshot that admits nothing, and no lag observation."""
+    started = not state.billing_since_ms
+    state = replace(state, billing_since_ms=state.billing_since_ms or now_ms, last_sync_ms=now_ms,
+                    lowest_free_total=None, anchor_free_total=None)
+    snapshot = Snapshot(balance=0, settled_usage=0, expiring=0, small_buffer=small_buffer,
+                        daily_cap=daily_cap, valid_until_ms=now_ms + max_age_ms, evict_below=evict_below)
+    lag = assumed_lag_ms(state, now_ms, 0)
+    return LimitResult(snapshot, state, 0, 0, 0, lag, None, 0, False, notes,
+                       billing=True, billing_started=started)
 
 
 def _follow_package_changes(state: LimitState, packages: Sequence[PackageView],

@@ -45,6 +45,7 @@ LOCK_MS = 60_000  # long enough for a paginated listing with retries
 BURST_SPACING_MS = 60_000  # burst syncs at most once a minute per account
 RETRY_MS = 60_000  # after a failed sync, try again this soon
 TIMELINE_WINDOW_MS = 6 * 3_600_000  # how much of the usage timeline a sync reads
+BILLING_EVENT = {"vqg_billing": True}  # marks 💸 lines: a finding about the pool, not a sync failure
 
 
 class PackageLister(Protocol):
@@ -189,7 +190,7 @@ class SyncService:
             lag_floor_ms=cfg.lag_floor_minutes * 60_000, small_buffer=cfg.small_buffer,
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * 60_000,
             evict_below=cfg.evict_below)
-        snapshot = replace(result.snapshot, packages=[asdict(v) for v in views])
+        snapshot = replace(result.snapshot, packages=[asdict(v) for v in views], **cfg.correction_ppm())
         decision = self.gate.install_snapshot(pool, snapshot)
         self.client.set(keys.limit_state, json.dumps(result.state.to_json()))
         today_usage = status.get("day_usage")
@@ -202,6 +203,15 @@ class SyncService:
                  f"{decision.balance_wall:,}", f"{decision.used_balance:,}", f"{decision.headroom:,}")
         for note in result.notes:
             log.warning("⚠️ [Sync] %s: %s", pool, note)
+        if result.billing:
+            if result.billing_started:
+                log.error("💸 [BILLING] %s: the free balance reached 0 by consumption (a package ran dry) "
+                          "with %s tokens of lifetime usage recorded: what ran past the free quota is "
+                          "billed. Pool closed until a new package arrives.", pool,
+                          f"{usage.lifetime_usage:,}", extra=BILLING_EVENT)
+            else:
+                log.error("💸 [BILLING] %s: free balance still 0 (since %d min ago); pool stays closed",
+                          pool, (now - result.state.billing_since_ms) // 60_000, extra=BILLING_EVENT)
         return result, decision
 
     # -- the thread ---------------------------------------------------------------------------

@@ -57,11 +57,18 @@ def test_the_lister_shows_the_ledgers_lagged_view_as_the_billing_api_would() -> 
     assert assign(lister.list_resource_packages(), [PoolSpec(POOL)]).pools[POOL].balance == 299_000
 
 
-def test_the_guard_clamps_max_tokens_to_the_grant_minus_the_estimate() -> None:
+@pytest.fixture
+def calibrated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An estimate correction that starts at 1.0: these tests are about the clamp's arithmetic
+    with an exact tokenizer, not about the cold start (tested below)."""
+    monkeypatch.setenv("VQG_ESTIMATE_CORRECTION_START", "1.0")
+
+
+def test_the_guard_clamps_max_tokens_to_the_grant_minus_the_estimate(calibrated: None) -> None:
     """A request that does not fit runs with max_tokens = grant − estimated input (counted clamped)."""
     text = BASE + ('  - {at: "09:00", prompt: 200000, completion: 10, max_tokens: 16}\n'
                    '  - {at: "09:10", prompt: 1000, completion: 90000, max_tokens: 90000}\n')
-    r = simulate(parse_scenario(text), "guard")
+    r = simulate(parse_scenario(text), "guard", from_env=True)
     # 300k free − 50k SMALL_BUFFER − 200,010 used = 49,990 headroom: the second request gets
     # 48,990 output tokens instead of 90,000 and the pool stays inside its wall.
     assert (r.served_requests, r.clamped_requests, r.blocked_requests) == (2, 1, 0)
@@ -69,11 +76,11 @@ def test_the_guard_clamps_max_tokens_to_the_grant_minus_the_estimate() -> None:
     assert r.billed_tokens == 0
 
 
-def test_the_guard_refuses_when_even_the_input_does_not_fit() -> None:
+def test_the_guard_refuses_when_even_the_input_does_not_fit(calibrated: None) -> None:
     """Below input + a minimal output there is nothing to clamp: refused, and counted as free cost."""
     text = BASE + ('  - {at: "09:00", prompt: 240000, completion: 10, max_tokens: 16}\n'
                    '  - {at: "09:10", prompt: 20000, completion: 100, max_tokens: 100}\n')
-    r = simulate(parse_scenario(text), "guard")
+    r = simulate(parse_scenario(text), "guard", from_env=True)
     assert (r.served_requests, r.blocked_requests) == (1, 1)
     assert r.refused_while_free_tokens == 20_100  # 59,990 were truly free: it would have fit
 
@@ -88,3 +95,16 @@ def test_a_request_without_usage_is_settled_as_its_whole_reservation() -> None:
     # counted 0 and lets it run.
     assert (guard.served_requests, guard.blocked_requests) == (1, 1)
     assert (v6.served_requests, v6.blocked_requests) == (2, 0)
+
+
+def test_a_cold_pool_reserves_prompts_at_the_start_correction_then_learns_the_real_ratio() -> None:
+    """Before 10 measured settles a prompt is reserved at 2x its count; after, at the measured ratio."""
+    cold = BASE + '  - {at: "09:00", prompt: 130000, completion: 10, max_tokens: 16}\n'
+    r = simulate(parse_scenario(cold), "guard")
+    assert (r.served_requests, r.blocked_requests) == (0, 1)  # 260k reserved > 250k headroom
+    warm = BASE + ('  - {from: "08:00", to: "08:10", every_seconds: 60, prompt: 1000, completion: 10,'
+                   ' max_tokens: 16, estimate_ratio: 0.8}\n' + cold.split("traffic:\n")[1])
+    r = simulate(parse_scenario(warm), "guard")
+    # Learned k = 1.25 (the tokenizer counts 80%): 130,000 x 1.25 = 162,500 + 16 fits.
+    assert (r.served_requests, r.blocked_requests) == (11, 0)
+    assert r.billed_tokens == 0

@@ -99,6 +99,9 @@ def pool_status(gate: Gate, client: redis.Redis, keyspace: KeySpace, pool: str,
         "packages": len(state.packages),
         "next_expiry_ms": min(expiries) if expiries else None,
         "last_sync_error": meta.get("last_error") or None,
+        # A sync found the free quota spent: usage since then was billed (see docs/limit.md).
+        "billing_since_ms": limit.billing_since_ms or None,
+        "estimate_correction": round(d.correction_ppm / 1_000_000, 3),
     }
 
 
@@ -133,6 +136,8 @@ def _print(console: Console, rows: list[dict[str, Any]], prefix: str) -> None:
         if r["evicted"]:
             state.append(f"[bold red]EVICTED[/] ({r['evicted_wall']} wall) until "
                          f"{_when(r['evicted_until_ms'], now)}")
+        if r["billing_since_ms"]:
+            state.append(f"[bold red]💸 BILLING[/] since {_when(r['billing_since_ms'], now)}")
         if r["stale"]:
             state.append("[bold red]STALE snapshot[/]")
         if r["last_sync_error"]:

@@ -133,7 +133,8 @@ class _SyncErrors(logging.Handler):
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+        if not getattr(record, "vqg_billing", False):  # billing is the run's result, not a failure
+            self.records.append(record)
 
 
 @contextmanager
@@ -225,15 +226,16 @@ class GuardStrategy:
         wanted = req.estimate + cap
         least = req.estimate + min(cap, MIN_OUTPUT_TOKENS)
         d = self.gate.reserve(POOL, req.rid, wanted, least,
-                              ttl_ms=self.cfg.reservation_ttl_seconds * 1000)
+                              ttl_ms=self.cfg.reservation_ttl_seconds * 1000, input_tokens=req.estimate)
         if not d.admitted:
             return Admission(False, reason=d.reason)
-        # The hook sends the upstream max_tokens = grant − estimated input.
-        return Admission(True, output_cap=d.amount - req.estimate, clamped=d.amount < wanted,
-                         reason=d.reason)
+        # The hook sends the upstream max_tokens = grant − the input as reserved (k applied).
+        out = d.amount - d.input_reserved
+        return Admission(True, output_cap=out, clamped=out < cap, reason=d.reason)
 
     def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None:
-        d = self.gate.settle(POOL, req.rid, reported)
+        # The upstream reports the true prompt tokens: the pool's estimate correction learns.
+        d = self.gate.settle(POOL, req.rid, reported, None if reported is None else req.line.prompt)
         self._burst_pending(d.used_balance - d.inflight, now)
 
     def view(self, now: int) -> LimitView:
