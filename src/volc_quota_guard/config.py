@@ -72,10 +72,10 @@ class Settings(BaseSettings):
                              f"exceed VQG_ESTIMATE_CORRECTION_MAX={self.estimate_correction_max}")
         return self
 
-    def correction_ppm(self) -> dict[str, int]:
-        """The estimate correction's start and bound as the gate takes them (Snapshot fields)."""
-        return {"correction_start_ppm": round(self.estimate_correction_start * 1_000_000),
-                "correction_max_ppm": round(self.estimate_correction_max * 1_000_000)}
+    def correction_ppm(self) -> tuple[int, int]:
+        """The estimate correction's start and bound as the gate takes them (parts per million)."""
+        return (round(self.estimate_correction_start * 1_000_000),
+                round(self.estimate_correction_max * 1_000_000))
 
 
 # Field name -> (env var, allowed) for error messages.

@@ -19,9 +19,10 @@ before the end of the first minute (after the anchor) whose usage exceeds `F_anc
 
 Billing: the API's balance lags consumption, so it is never below the true one. A balance of 0
 reached by a package running dry (it had tokens at the last sync and shows 0 now, still listed:
-consumed, not expired) means the free quota is spent and whatever ran since was billed. The pool is closed at once, the estimates start afresh from the next package,
-and the lag observer takes nothing from it (at 0 the API's usage cannot move, which would read as a
-lag growing without end).
+consumed, not expired) means the free quota is spent and whatever ran since was billed. The
+pool is closed at once, the estimates start afresh from the next package, and the lag observer
+takes nothing from it (at 0 the API's usage cannot move, which would read as a lag growing
+without end).
 """
 
 from __future__ import annotations

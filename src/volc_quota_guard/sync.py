@@ -190,7 +190,9 @@ class SyncService:
             lag_floor_ms=cfg.lag_floor_minutes * 60_000, small_buffer=cfg.small_buffer,
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * 60_000,
             evict_below=cfg.evict_below)
-        snapshot = replace(result.snapshot, packages=[asdict(v) for v in views], **cfg.correction_ppm())
+        start, top = cfg.correction_ppm()
+        snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
+                           correction_start_ppm=start, correction_max_ppm=top)
         decision = self.gate.install_snapshot(pool, snapshot)
         self.client.set(keys.limit_state, json.dumps(result.state.to_json()))
         today_usage = status.get("day_usage")

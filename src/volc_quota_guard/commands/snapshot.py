@@ -36,10 +36,12 @@ def run(args: argparse.Namespace) -> int:
     if usage is None:
         usage = gate.usage_at(args.pool, now - cfg.lag_floor_minutes * 60_000)
     minutes = args.valid_minutes or cfg.snapshot_max_age_minutes
+    start, top = cfg.correction_ppm()
     d = gate.install_snapshot(args.pool, Snapshot(
         balance=args.balance, settled_usage=usage, expiring=args.expiring,
         small_buffer=cfg.small_buffer, daily_cap=cfg.daily_cap,
-        valid_until_ms=now + minutes * 60_000, evict_below=cfg.evict_below, **cfg.correction_ppm()))
+        valid_until_ms=now + minutes * 60_000, evict_below=cfg.evict_below,
+        correction_start_ppm=start, correction_max_ppm=top))
     print(f"{args.pool}: snapshot installed — balance wall {d.balance_wall:,} "
           f"(used {d.used_balance:,}), collection wall {d.daily_cap:,} (today {d.used_today:,}), "
           f"headroom {d.headroom:,}, valid {minutes} min")
