@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ..gate import Gate
 from ..keys import KeySpace
 from ..limit import LimitResult
 from ..packages import PoolSpec
+from ..store import connect
 from ..sync import BURST_SPACING_MS, SyncService
 from .scenario import MINUTE_MS, Scenario, TrafficLine
 
@@ -92,6 +94,9 @@ class Strategy(Protocol):
         """The output cap a request would get if admitted without a clamp (None: uncapped)."""
 
     def view(self, now: int) -> LimitView: ...
+
+    def close(self) -> None:
+        """Drop what the run stored."""
 
     @property
     def syncs(self) -> int: ...
@@ -160,11 +165,13 @@ class GuardStrategy:
     name = "guard"
 
     def __init__(self, scenario: Scenario, ledger: Ledger, clock: ManualClock, cfg: Settings,
-                 errors: _SyncErrors) -> None:
+                 errors: _SyncErrors, store_url: str | None = None) -> None:
         self.cfg = cfg
         self.clock = clock
-        self.client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-        self.keyspace = KeySpace("sim")
+        # A fresh embedded store, or a Redis server (faster) under a prefix of this run's own.
+        self.store_url = store_url
+        self.client = connect(store_url) if store_url else fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        self.keyspace = KeySpace(f"sim-{uuid.uuid4().hex[:12]}" if store_url else "sim")
         self.gate = Gate(self.client, self.keyspace, clock)
         self.lister = LedgerLister(ledger, ACCOUNT, clock)
         self.sync = SyncService(cfg, self.gate, pools=lambda: [PoolSpec(POOL)],
@@ -180,6 +187,11 @@ class GuardStrategy:
     @property
     def syncs(self) -> int:
         return self.lister.calls
+
+    def close(self) -> None:
+        if self.store_url:
+            for key in self.client.scan_iter(f"{self.keyspace.prefix}:*", count=1000):
+                self.client.delete(key)
 
     # -- the sync thread --------------------------------------------------------------------
     def _poll_at(self, ms: int) -> int:
@@ -329,3 +341,6 @@ class HistoricalStrategy:
 
     def view(self, now: int) -> LimitView:
         return LimitView(self.today(now), self.limit)
+
+    def close(self) -> None:
+        pass

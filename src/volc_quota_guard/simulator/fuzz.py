@@ -1,0 +1,161 @@
+"""Random scenarios (shared/SCENARIOS.md v1) that try to make the guard bill or burn.
+
+Each seed gives one scenario, the same on every machine: one pool, 1–2 days (a run may start late
+and cross Beijing midnight), API lag 0–45 min, 1–3 packages (some expiring during the run, some
+arriving mid-run, yesterday's return package), and 1–3 traffic lines with a tokenizer that
+under- or over-counts (`estimate_ratio` 0.6–1.4), concurrency 1–32, durations 1–300 s, with and
+without `max_tokens`, sometimes without usage. Pool sizes and the daily cap are drawn around the
+traffic's volume, so most runs reach a wall. Request counts are kept small (a few hundred) so a
+few hundred scenarios run in a minute.
+
+`run_fuzz` returns every scenario that billed or burned with its YAML, ready to be shipped as a
+regression scenario.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+
+import yaml
+
+from ..clock import BEIJING
+from .engine import simulate
+from .scenario import parse_scenario
+
+DEFAULT_OUTPUT = 8_192  # the guard's output cap without max_tokens (Settings.default_output_tokens)
+MAX_REQUESTS = 400  # per scenario, so a run stays well under a second
+
+
+def _hhmm(minutes: int) -> str:
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def _log_uniform(rng: random.Random, lo: float, hi: float) -> int:
+    return int(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def _traffic_line(rng: random.Random, budget: int, start_minute: int) -> tuple[dict[str, object], int, int]:
+    """One traffic line, its number of requests per day and its tokens per day (upper bound)."""
+    prompt = _log_uniform(rng, 200, 60_000)
+    completion = _log_uniform(rng, 50, 30_000)
+    line: dict[str, object] = {}
+    concurrency = rng.choice([1, 1, 2, 4, 8, 16, 32])
+    if rng.random() < 0.15:
+        at = rng.randrange(0, 24 * 60)
+        line["at"] = _hhmm(at)
+        if at < start_minute:  # before the run's start on its first day: the next day's
+            line["day"] = 2
+        arrivals = 1
+    else:
+        start = rng.randrange(0, 23 * 60)
+        span = rng.randint(5, min(300, 24 * 60 - start))
+        arrivals = max(1, min(budget // concurrency, rng.randint(5, 120)))
+        line.update({"from": _hhmm(start), "to": _hhmm(start + span),
+                     "every_seconds": round(span * 60 / arrivals, 1)})
+    if concurrency > 1:
+        line["concurrency"] = concurrency
+    line.update({"prompt": prompt, "completion": completion})
+    if rng.random() < 0.5:
+        line["max_tokens"] = max(1, int(completion * rng.uniform(0.3, 2.0)))
+    line["estimate_ratio"] = round(rng.uniform(0.6, 1.4), 2)
+    line["duration_seconds"] = rng.choice([1, 5, 20, 60, 120, 300, rng.randint(1, 300)])
+    if rng.random() < 0.05:
+        line["usage"] = "missing"
+    output = min(completion, int(line.get("max_tokens") or DEFAULT_OUTPUT))  # type: ignore[call-overload]
+    requests = arrivals * concurrency
+    return line, requests, requests * (prompt + output)
+
+
+def scenario_dict(seed: int) -> dict[str, object]:
+    """The scenario of one seed, as the YAML mapping SCENARIOS.md describes."""
+    rng = random.Random(seed)
+    day0 = datetime(2026, 8, 1, tzinfo=BEIJING) + timedelta(days=rng.randrange(0, 60))
+    start = day0 + timedelta(hours=rng.choice([0, 0, 8, 18, 22]))
+    days = rng.choice([1, 1, 1, 2])
+    traffic, volume, budget = [], 0, MAX_REQUESTS // days
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        line, requests, tokens = _traffic_line(rng, max(1, budget), start.hour * 60)
+        traffic.append(line)
+        budget -= requests
+        volume += tokens
+        if budget <= 0:
+            break
+    daily_cap = 2_000_000 if rng.random() < 0.6 else max(100_000, int(volume * rng.uniform(0.3, 1.2)))
+    packages = []
+    total = max(60_000, int(volume * rng.uniform(0.2, 1.5)))
+    for share in _split(rng, total, rng.choice([1, 1, 2, 3])):
+        # Acquired up to 30 days before the start (so some expire during the run), or mid-run.
+        acquired = start - timedelta(minutes=rng.randrange(0, 30 * 24 * 60))
+        if rng.random() < 0.15:
+            acquired = start + timedelta(minutes=rng.randrange(1, days * 24 * 60))
+        packages.append({"amount": share, "acquired": acquired.isoformat()})
+    return {
+        "version": 1,
+        "name": f"fuzz-{seed}",
+        "start": start.isoformat(),
+        "days": days,
+        "daily_cap": daily_cap,
+        "settlement_lag_minutes": rng.randint(0, 45),
+        "sync_interval_minutes": rng.choice([5, 10, 15, 30]),
+        "small_buffer": 50_000,
+        "return_at": _hhmm(rng.randrange(0, 12 * 60)),
+        "yesterday_collection": rng.choice([0, 0, int(total * rng.uniform(0.1, 0.8))]),
+        "packages": packages,
+        "traffic": traffic,
+    }
+
+
+def _split(rng: random.Random, total: int, parts: int) -> list[int]:
+    cuts = sorted(rng.randint(1, total - 1) for _ in range(parts - 1))
+    edges = [0, *cuts, total]
+    return [b - a for a, b in zip(edges, edges[1:], strict=False) if b > a]
+
+
+def scenario_yaml(seed: int) -> str:
+    return yaml.safe_dump(scenario_dict(seed), sort_keys=False, allow_unicode=True,
+                          default_flow_style=None, width=200)
+
+
+@dataclass(frozen=True)
+class FuzzCase:
+    seed: int
+    billed: int
+    burned: int
+    served_tokens: int
+    refused_while_free: int
+    requests: int
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.billed > 0 or self.burned > 0 or self.error is not None
+
+
+def run_seed(seed: int, store_url: str | None = None) -> FuzzCase:
+    """Run one seed's scenario under the guard (any exception is a failure, not a crash)."""
+    try:
+        r = simulate(parse_scenario(scenario_yaml(seed), f"fuzz-{seed}"), "guard", store_url=store_url)
+    except Exception as exc:  # noqa: BLE001  the fuzz reports it with its seed
+        return FuzzCase(seed, 0, 0, 0, 0, 0, f"{type(exc).__name__}: {exc}")
+    return FuzzCase(seed, r.billed_tokens, r.burned_tokens, r.served_tokens,
+                    r.refused_while_free_tokens, r.served_requests + r.blocked_requests)
+
+
+def run_fuzz(seeds: Iterable[int], workers: int | None = None,
+             store_url: str | None = None) -> list[FuzzCase]:
+    """Every seed's outcome, in seed order, over `workers` processes (default: every core); on
+    the Redis server at `store_url` when given (faster), else on embedded stores."""
+    seeds = list(seeds)
+    workers = workers or os.cpu_count() or 1
+    run = partial(run_seed, store_url=store_url)
+    if workers == 1:
+        return [run(s) for s in seeds]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(run, seeds, chunksize=4))
