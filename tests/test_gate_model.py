@@ -27,7 +27,7 @@ IDS = [f"call-{i}" for i in range(8)]
 START = 1_786_636_800_000 - 40 * 60_000  # 2026-08-13 23:20 Beijing: a rollover is near
 STATE_FIELDS = ["balance", "settled", "expiring", "buffer", "cap", "valid_until", "ucum", "day",
                 "day_usage", "prev_day_usage", "inflight", "overruns", "expired_count",
-                "evicted_until", "tl_floor", "snap_seq", "corr", "corr_at", "corr_n", "corr_start",
+                "evicted_until", "tl_floor", "snap_seq", "corr", "corr_at", "corr_n", "corr_min",
                 "corr_max", "inflight_est", "inflight_est_res"]
 
 amounts = st.integers(min_value=1, max_value=200_000)
@@ -87,12 +87,12 @@ class GateVersusModel(RuleBasedStateMachine):
           settled=st.integers(0, 3_000_000), expiring=st.integers(0, 300_000),
           buffer=st.integers(0, 100_000), cap=st.integers(1, 2_500_000),
           validity_min=st.integers(5, 600), evict_below=st.integers(0, 5_000),
-          corr_start=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM))
+          corr_min=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM))
     def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below,
-                 corr_start, corr_extra):
+                 corr_min, corr_extra):
         snap = Snapshot(balance, settled, expiring, buffer, cap,
                         self.now + validity_min * 60_000, evict_below,
-                        correction_start_ppm=corr_start, correction_max_ppm=corr_start + corr_extra)
+                        correction_min_ppm=corr_min, correction_max_ppm=corr_min + corr_extra)
         self.both(lambda: self.gate.install_snapshot(pool, snap),
                   lambda: self.model.install_snapshot(pool, snap, self.now))
         self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh

@@ -48,9 +48,9 @@ class Settings(BaseSettings):
     default_output_tokens: int = Field(default=8_192, ge=1, le=10_000_000,
                                        description="Output cap when neither request nor model says.")
     count_cached_tokens: bool = True
-    estimate_correction_start: float = Field(
-        default=2.0, ge=1.0, le=100.0,
-        description="Factor on the tokenizer's prompt count until 10 settles were measured.")
+    estimate_correction_min: float = Field(
+        default=1.7, ge=1.0, le=100.0,
+        description="Least factor on the tokenizer's prompt count (and its value before any measurement).")
     estimate_correction_max: float = Field(
         default=3.0, ge=1.0, le=100.0,
         description="The most the learned correction may multiply the tokenizer's prompt count by.")
@@ -66,15 +66,15 @@ class Settings(BaseSettings):
     billing_region: str = "cn-beijing"
 
     @model_validator(mode="after")
-    def _correction_start_within_max(self) -> Settings:
-        if self.estimate_correction_start > self.estimate_correction_max:
-            raise ValueError(f"VQG_ESTIMATE_CORRECTION_START={self.estimate_correction_start} must not "
+    def _correction_min_within_max(self) -> Settings:
+        if self.estimate_correction_min > self.estimate_correction_max:
+            raise ValueError(f"VQG_ESTIMATE_CORRECTION_MIN={self.estimate_correction_min} must not "
                              f"exceed VQG_ESTIMATE_CORRECTION_MAX={self.estimate_correction_max}")
         return self
 
     def correction_ppm(self) -> tuple[int, int]:
         """The estimate correction's start and bound as the gate takes them (parts per million)."""
-        return (round(self.estimate_correction_start * 1_000_000),
+        return (round(self.estimate_correction_min * 1_000_000),
                 round(self.estimate_correction_max * 1_000_000))
 
 

@@ -83,7 +83,7 @@ class Snapshot:
     valid_until_ms: int
     evict_below: int = 1_000
     packages: list[dict[str, Any]] = field(default_factory=list)  # for status, not for the walls
-    correction_start_ppm: int = 2 * PPM  # k until enough settles were measured
+    correction_min_ppm: int = 17 * PPM // 10  # k's floor, and k before any measured settle
     correction_max_ppm: int = 3 * PPM  # k never goes above this
 
 
@@ -158,7 +158,7 @@ class _Args:
     def snapshot(self, s: Snapshot) -> list[str]:
         return [_now_arg(self.clock), _num(s.balance), _num(s.settled_usage), _num(s.expiring),
                 _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
-                json.dumps(s.packages), _num(s.correction_start_ppm), _num(s.correction_max_ppm)]
+                json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm)]
 
     def status(self) -> list[str]:
         return [_now_arg(self.clock)]

@@ -21,7 +21,6 @@ TIMELINE_MS = 172_800_000  # timeline minutes: 48 h
 SWEEP_LIMIT = 1000
 TRIM_LIMIT = 100
 CORR_HALF_LIFE_MS = 86_400_000  # the correction's excess over 1.0 halves per day
-CORR_WARMUP = 10  # measured settles before k may fall below its start value
 CORR_MIN_INPUT = 200  # estimates smaller than this teach nothing (template overhead)
 
 
@@ -64,7 +63,7 @@ class PoolModel:
     corr: int = 0  # the peak measured ratio (ppm), 0 = none yet
     corr_at: int = 0
     corr_n: int = 0
-    corr_start: int = 2 * PPM
+    corr_min: int = 17 * PPM // 10
     corr_max: int = 3 * PPM
     inflight_est: int = 0
     inflight_est_res: int = 0
@@ -103,10 +102,9 @@ class PoolModel:
         return PPM + (self.corr - PPM) // 2**halvings
 
     def correction(self, now: int) -> int:
-        k = self.decayed_peak(now)
-        if self.corr_n < CORR_WARMUP:
-            k = max(k, self.corr_start)
-        return min(k, self.corr_max)
+        """k now: the decayed peak within [corr_min, corr_max]; corr_min is k before any
+        measurement, covering a traffic class the pool has not seen yet."""
+        return min(max(self.decayed_peak(now), self.corr_min), self.corr_max)
 
     def observe(self, est: int, measured: int, now: int) -> None:
         """A measured settle: its ratio becomes the peak when it reaches the decayed one."""
@@ -297,8 +295,8 @@ class GateModel:
         if not _is_int(s.valid_until_ms, 0, MAX_TIME) or s.valid_until_ms <= now:
             raise GateError("bad_time", "valid_until must be in the future")
         if not (_is_int(s.correction_max_ppm, PPM, 100 * PPM)
-                and _is_int(s.correction_start_ppm, PPM, s.correction_max_ppm)):
-            raise GateError("bad_amount", "correction: 1e6 <= start <= max <= 1e8 ppm")
+                and _is_int(s.correction_min_ppm, PPM, s.correction_max_ppm)):
+            raise GateError("bad_amount", "correction: 1e6 <= min <= max <= 1e8 ppm")
         p = self.pools.get(pool)
         if p is None:
             p = self.pools[pool] = PoolModel(day=beijing_day(now))
@@ -308,7 +306,7 @@ class GateModel:
         p.valid_until, p.evict_below = s.valid_until_ms, s.evict_below
         p.settled = min(s.settled_usage, p.ucum)
         p.snap_seq += 1
-        p.corr_start, p.corr_max = s.correction_start_ppm, s.correction_max_ppm
+        p.corr_min, p.corr_max = s.correction_min_ppm, s.correction_max_ppm
         p.k = p.correction(now)
         p.update_eviction()
         return p.answer("ok", "installed", 0)

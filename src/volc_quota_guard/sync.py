@@ -192,7 +192,7 @@ class SyncService:
             evict_below=cfg.evict_below)
         start, top = cfg.correction_ppm()
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
-                           correction_start_ppm=start, correction_max_ppm=top)
+                           correction_min_ppm=start, correction_max_ppm=top)
         decision = self.gate.install_snapshot(pool, snapshot)
         self.client.set(keys.limit_state, json.dumps(result.state.to_json()))
         today_usage = status.get("day_usage")

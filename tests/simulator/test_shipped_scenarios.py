@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from backend import TEST_REDIS_URL
 from volc_quota_guard.simulator import (
     RESULT_KEYS,
     STRATEGIES,
@@ -18,6 +19,7 @@ from volc_quota_guard.simulator import (
 
 Results = dict[str, dict[str, RunResult]]
 
+
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict[str, RunResult]]:
     """scenario -> strategy -> result, for every shipped scenario (the guard runs dominate)."""
@@ -25,7 +27,7 @@ def results() -> dict[str, dict[str, RunResult]]:
     started = time.perf_counter()
     for name in builtin_names():
         scenario = load_scenario(name)
-        out[name] = {st: simulate(scenario, st) for st in STRATEGIES}
+        out[name] = {st: simulate(scenario, st, store_url=TEST_REDIS_URL) for st in STRATEGIES}
     print(f"shipped scenarios × strategies: {time.perf_counter() - started:.1f}s")
     return out
 

@@ -61,7 +61,7 @@ def test_the_lister_shows_the_ledgers_lagged_view_as_the_billing_api_would() -> 
 def calibrated(monkeypatch: pytest.MonkeyPatch) -> None:
     """An estimate correction that starts at 1.0: these tests are about the clamp's arithmetic
     with an exact tokenizer, not about the cold start (tested below)."""
-    monkeypatch.setenv("VQG_ESTIMATE_CORRECTION_START", "1.0")
+    monkeypatch.setenv("VQG_ESTIMATE_CORRECTION_MIN", "1.0")
 
 
 def test_the_guard_clamps_max_tokens_to_the_grant_minus_the_estimate(calibrated: None) -> None:
@@ -97,14 +97,14 @@ def test_a_request_without_usage_is_settled_as_its_whole_reservation() -> None:
     assert (v6.served_requests, v6.blocked_requests) == (2, 0)
 
 
-def test_a_cold_pool_reserves_prompts_at_the_start_correction_then_learns_the_real_ratio() -> None:
-    """Before 10 measured settles a prompt is reserved at 2x its count; after, at the measured ratio."""
-    cold = BASE + '  - {at: "09:00", prompt: 130000, completion: 10, max_tokens: 16}\n'
-    r = simulate(parse_scenario(cold), "guard")
-    assert (r.served_requests, r.blocked_requests) == (0, 1)  # 260k reserved > 250k headroom
-    warm = BASE + ('  - {from: "08:00", to: "08:10", every_seconds: 60, prompt: 1000, completion: 10,'
-                   ' max_tokens: 16, estimate_ratio: 0.8}\n' + cold.split("traffic:\n")[1])
-    r = simulate(parse_scenario(warm), "guard")
-    # Learned k = 1.25 (the tokenizer counts 80%): 130,000 x 1.25 = 162,500 + 16 fits.
-    assert (r.served_requests, r.blocked_requests) == (11, 0)
+def test_prompts_are_reserved_at_the_floor_until_a_worse_ratio_is_measured() -> None:
+    """Before any measurement a prompt is reserved at 1.7x its count; a measured 2x raises k to 2."""
+    big = '  - {at: "09:00", prompt: 120000, completion: 10, max_tokens: 16}\n'
+    r = simulate(parse_scenario(BASE + big), "guard")
+    assert (r.served_requests, r.blocked_requests) == (1, 0)  # 204,016 reserved of 250,000
+    worse = ('  - {from: "08:00", to: "08:10", every_seconds: 60, prompt: 1000, completion: 10,'
+             ' max_tokens: 16, estimate_ratio: 0.5}\n')
+    r = simulate(parse_scenario(BASE + worse + big), "guard")
+    # The tokenizer counted half of ten prompts: k = 2.0, and 240,016 > 250,000 − 10,100 left.
+    assert (r.served_requests, r.blocked_requests) == (10, 1)
     assert r.billed_tokens == 0

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         balance=args.balance, settled_usage=usage, expiring=args.expiring,
         small_buffer=cfg.small_buffer, daily_cap=cfg.daily_cap,
         valid_until_ms=now + minutes * 60_000, evict_below=cfg.evict_below,
-        correction_start_ppm=start, correction_max_ppm=top))
+        correction_min_ppm=start, correction_max_ppm=top))
     print(f"{args.pool}: snapshot installed — balance wall {d.balance_wall:,} "
           f"(used {d.used_balance:,}), collection wall {d.daily_cap:,} (today {d.used_today:,}), "
           f"headroom {d.headroom:,}, valid {minutes} min")

@@ -16,9 +16,8 @@ local TRIM_LIMIT = 100                 -- old ids / minutes trimmed per call
 -- The estimate correction k (parts per million): measured / estimated prompt tokens.
 local PPM = 1000000
 local CORR_HALF_LIFE_MS = 86400000     -- k's excess over 1.0 halves per day without a new peak
-local CORR_WARMUP = 10                 -- measured settles before k may fall below its start value
 local CORR_MIN_INPUT = 200             -- smaller estimates are mostly chat-template overhead
-local CORR_START, CORR_MAX = 2000000, 3000000  -- defaults when a snapshot does not say
+local CORR_MIN, CORR_MAX = 1700000, 3000000  -- defaults when a snapshot does not say
 
 local function int_arg(v, lo, hi)
   if type(v) ~= 'string' or #v == 0 or #v > 16 or not string.match(v, '^%d+$') then return nil end
@@ -44,7 +43,7 @@ local function day_of(ms) return math.floor((ms + 28800000) / 86400000) end  -- 
 local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buffer', 'cap',
   'evict_below', 'ucum', 'day', 'day_usage', 'prev_day_usage', 'inflight', 'overruns',
   'expired_count', 'evicted_until', 'tl_floor', 'snap_seq', 'corr', 'corr_at', 'corr_n',
-  'corr_start', 'corr_max', 'inflight_est', 'inflight_est_res'}
+  'corr_min', 'corr_max', 'inflight_est', 'inflight_est_res'}
 
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
@@ -82,12 +81,10 @@ local function decayed_peak(st, now)
   return PPM + math.floor((st.corr - PPM) / 2 ^ halvings)
 end
 
--- k now: the decayed peak, not below the start value until enough settles were measured
--- (a cold start fails safe), never above corr_max.
+-- k now: the decayed peak within [corr_min, corr_max]. The floor is also k before any
+-- measurement: it covers a traffic class the pool has not seen yet.
 local function correction(st, now)
-  local k = decayed_peak(st, now)
-  if st.corr_n < CORR_WARMUP then k = math.max(k, st.corr_start) end
-  return math.min(k, st.corr_max)
+  return math.min(math.max(decayed_peak(st, now), st.corr_min), st.corr_max)
 end
 
 local function corrected(est, k) return math.floor((est * k + PPM - 1) / PPM) end  -- ceil(est * k)
@@ -166,7 +163,7 @@ local function trim(st, now)
 end
 
 local function housekeep(st, now)
-  if st.corr_start == 0 then st.corr_start, st.corr_max = CORR_START, CORR_MAX end
+  if st.corr_min == 0 then st.corr_min, st.corr_max = CORR_MIN, CORR_MAX end
   roll_day(st, now)
   sweep(st, now)
   trim(st, now)

@@ -1,7 +1,7 @@
 -- ARGV: now_ms ('' = server TIME), balance_at_sync, usage_at_sync (settled-usage estimate, lifetime
 -- coordinates), expiring (free tokens that expire before valid_until), small_buffer, daily_cap,
 -- valid_until_ms, evict_below, packages (JSON, for `status`; KEYS[8]), the estimate correction's
--- start value and bound (ppm; '' = the defaults).  Installs the pool's snapshot, all of it in one
+-- floor and bound (ppm; '' = the defaults).  Installs the pool's snapshot, all of it in one
 -- step; counters (and what the correction learned) are kept.
 local now = read_now(ARGV[1])
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
@@ -11,11 +11,11 @@ for i = 2, 8 do
   if not v[i] then return err('bad_amount', 'snapshot field ' .. i - 1 .. ' must be a non-negative integer') end
 end
 if v[7] <= now then return err('bad_time', 'valid_until must be in the future') end
-local corr_start, corr_max = CORR_START, CORR_MAX
+local corr_min, corr_max = CORR_MIN, CORR_MAX
 if ARGV[10] ~= nil and ARGV[10] ~= '' then
   corr_max = int_arg(ARGV[11] or '', PPM, 100 * PPM)
-  corr_start = corr_max and int_arg(ARGV[10], PPM, corr_max)
-  if not corr_start then return err('bad_amount', 'correction: 1e6 <= start <= max <= 1e8 ppm') end
+  corr_min = corr_max and int_arg(ARGV[10], PPM, corr_max)
+  if not corr_min then return err('bad_amount', 'correction: 1e6 <= min <= max <= 1e8 ppm') end
 end
 
 local st = load()
@@ -25,7 +25,7 @@ st.snap_at, st.balance, st.expiring, st.buffer, st.cap, st.valid_until, st.evict
   now, v[2], v[4], v[5], v[6], v[7], v[8]
 st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been settled
 st.snap_seq = st.snap_seq + 1
-st.corr_start, st.corr_max = corr_start, corr_max
+st.corr_min, st.corr_max = corr_min, corr_max
 st.k = correction(st, now)
 update_eviction(st)
 save(st)

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Run random scenarios against the guard; every one must bill 0 and burn 0.
+
+    python scripts/fuzz_scenarios.py                          # seeds 0-199 (what CI runs)
+    python scripts/fuzz_scenarios.py --seeds 200:2000 --redis redis://127.0.0.1:6379/0
+    python scripts/fuzz_scenarios.py --seeds 98 --save-failures src/volc_quota_guard/scenarios
+
+A failing seed's YAML is written to --save-failures (default: fuzz-failures/), ready to ship as a
+regression scenario. Exit status 1 when any seed billed, burned or crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from volc_quota_guard.simulator.fuzz import run_fuzz, scenario_yaml
+
+
+def seed_range(text: str) -> range:
+    lo, _, hi = text.partition(":")
+    return range(int(lo), int(hi)) if hi else range(int(lo), int(lo) + 1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=seed_range, default=range(0, 200), help="A:B (B excluded) or one seed")
+    p.add_argument("--redis", default=None, help="run on this Redis server (faster) instead of embedded stores")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
+    p.add_argument("--save-failures", type=Path, default=Path("fuzz-failures"))
+    args = p.parse_args()
+    started = time.perf_counter()
+    cases = run_fuzz(args.seeds, args.workers, args.redis)
+    failed = [c for c in cases if c.failed]
+    for c in failed:
+        args.save_failures.mkdir(parents=True, exist_ok=True)
+        path = args.save_failures / f"fuzz-{c.seed}.yaml"
+        path.write_text(scenario_yaml(c.seed))
+        print(f"FAIL seed {c.seed}: billed {c.billed:,} burned {c.burned:,} {c.error or ''} -> {path}")
+    served = sum(c.served_tokens for c in cases)
+    refused = sum(c.refused_while_free for c in cases)
+    print(f"{len(cases)} scenarios, {sum(c.requests for c in cases):,} requests, {len(failed)} failed, "
+          f"{time.perf_counter() - started:.0f}s")
+    print(f"billed {sum(c.billed for c in cases):,} · burned {sum(c.burned for c in cases):,} · "
+          f"served {served:,} tokens · refused while free {refused:,} "
+          f"({refused / max(served, 1):.1%} of served)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
