@@ -130,3 +130,26 @@ def test_an_unbelievable_lag_is_reported_not_adopted():
     r = limit([PackageView("p1", 1_400_000, None)], usage(points, lifetime=460_000, inflight=1), state=state)
     assert r.lag_observed_ms is None and r.state.lags == ()
     assert any("behind our usage" in n for n in r.notes)
+
+
+def test_a_package_run_dry_means_billing_an_expired_one_does_not():
+    """Bal = 0 because a package with tokens ran dry (still listed at 0) is billing; Bal = 0 because
+    the only package with tokens left the list (expired) is not; a new package ends it afresh."""
+    view = usage({60: 100_000, 1: 400_000}, lifetime=400_000)
+    first = limit([PackageView("old", 0, None), PackageView("p1", 300_000, None)], view)
+    assert not first.billing
+    dry = limit([PackageView("old", 0, None), PackageView("p1", 0, None)], view, state=first.state,
+                now=T + 10 * MIN)
+    assert dry.billing and dry.billing_started and dry.lag_observed_ms is None
+    s = dry.snapshot
+    assert s.balance + s.settled_usage - s.expiring - s.small_buffer < 0, "the pool must close"
+    again = limit([PackageView("old", 0, None), PackageView("p1", 0, None)], view, state=dry.state,
+                  now=T + 20 * MIN)
+    assert again.billing and not again.billing_started
+    back = limit([PackageView("old", 0, None), PackageView("p1", 0, None), PackageView("p2", 500_000, None)],
+                 view, state=again.state, now=T + 30 * MIN)
+    assert not back.billing and back.state.billing_since_ms == 0
+    assert back.free_total <= 500_000 + 400_000  # afresh: Bal + U(t − Δ), never the stale anchor
+
+    expired = limit([PackageView("old", 0, None)], view, state=first.state, now=T + 10 * MIN)
+    assert not expired.billing

@@ -173,3 +173,40 @@ def _day(text: str) -> int:
     from volc_quota_guard.clock import beijing_day
 
     return beijing_day(beijing_ms(text))
+
+
+def test_a_balance_run_dry_is_reported_as_billing_and_closes_the_pool(make_world, caplog, monkeypatch,
+                                                                      capsys):
+    """The fake's balance reaches 0 (our traffic plus usage outside the proxy): the next sync logs
+    💸 [BILLING], the pool admits nothing, no lag is taken from the frozen API, status shows it."""
+    import json
+
+    from backend import TEST_REDIS_URL
+    from volc_quota_guard.cli import main
+    from volc_quota_guard.limit import LimitState
+
+    w = make_world("2026-08-13 09:00")
+    w.fake.add_package(POOL, 300_000, acquired_ms=beijing_ms("2026-08-12 10:30"))
+    svc = w.service()
+    w.run("2026-08-13 10:00", every_ms=MIN, tokens=2_000, svc=svc)  # 120,000 through the guard
+    w.fake.consume(POOL, 250_000)  # another app on the account: 70,000 past the free balance
+    assert w.totals().billed == 70_000
+    with caplog.at_level(logging.INFO, logger="volc_quota_guard.sync"):
+        w.idle("2026-08-13 11:00", svc)
+    billing = [r for r in caplog.records if "💸 [BILLING]" in r.getMessage()]
+    assert billing and billing[0].levelno == logging.ERROR
+    assert "reached 0 by consumption" in billing[0].getMessage()
+    assert not w.request(1_000), "a pool whose free quota is spent must admit nothing"
+    raw = w.client.get(w.keyspace.pool(POOL).limit_state)
+    state = LimitState.from_json(json.loads(raw))
+    assert state.billing_since_ms > 0
+    assert all(at < state.billing_since_ms for at, _ in state.lags), "a lag was read off a frozen API"
+
+    if TEST_REDIS_URL:
+        monkeypatch.setenv("VQG_REDIS_URL", TEST_REDIS_URL)
+    monkeypatch.setenv("VQG_KEY_PREFIX", w.keyspace.prefix)
+    assert main(["status", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["pools"]
+    assert row["billing_since_ms"] == state.billing_since_ms
+    assert main(["status"]) == 0
+    assert "BILLING" in capsys.readouterr().out
