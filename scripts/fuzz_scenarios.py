@@ -27,7 +27,7 @@ def seed_range(text: str) -> range:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=seed_range, default=range(0, 200), help="A:B (B excluded) or one seed")
-    p.add_argument("--redis", default=None, help="run on this Redis server (faster) instead of embedded stores")
+    p.add_argument("--redis", default=None, help="run on this Redis server (faster), not embedded stores")
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     p.add_argument("--save-failures", type=Path, default=Path("fuzz-failures"))
     args = p.parse_args()
