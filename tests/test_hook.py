@@ -443,3 +443,31 @@ def test_package_exports_the_proxy_instance() -> None:
 
     assert isinstance(volc_quota_guard.proxy_handler_instance, QuotaGuard)
     assert "proxy_handler_instance" in volc_quota_guard.__all__
+
+
+def test_prompts_are_reserved_times_the_pool_correction_which_measured_usage_raises(
+        world: Callable[..., Any]) -> None:
+    """The hook reserves the counted prompt times k (1.7 before any measurement); a success whose
+    measured prompt is 2.4x the count raises k, and the next reservation holds 2.4x; an estimated
+    (disconnected stream) reading teaches nothing."""
+    async def scenario(w: World) -> None:
+        w.seed(1_000_000)
+        text = "quota " * 600
+        kw = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c1")
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        res = next(iter(w.guard._reservations.values()))
+        counted = res.input_tokens
+        assert counted > 500 and kw["max_tokens"] == 100
+        assert w.state()["inflight"] == -(-counted * 17 // 10) + 100
+        measured = counted * 12 // 5
+        await w.guard.async_log_success_event(success_kwargs(kw), response(measured, 90), None, None)
+        k = -(-measured * 1_000_000 // counted)  # ceil, in parts per million
+        assert w.state()["corr"] == k and 2_399_000 < k <= 2_400_000 and w.state()["inflight"] == 0
+        kw2 = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c2")
+        await w.guard.async_pre_call_deployment_hook(kw2, "acompletion")
+        assert w.state()["inflight"] == -(-counted * k // 1_000_000) + 100
+        cut = success_kwargs(kw2, metadata={"client_disconnected": True})
+        cut["litellm_params"]["metadata"]["client_disconnected"] = True
+        await w.guard.async_log_success_event(cut, response(counted * 3, 90), None, None)
+        assert w.state()["corr"] == k and w.state()["corr_n"] == 1
+    world(scenario)

@@ -401,8 +401,8 @@ class QuotaGuard(CustomLogger):
                 return None
             log.error("⛔ [STORE-DOWN] quota store unreachable, %s refused: %s", guard.pool, exc)
             raise self._store_down(group, exc) from None
-        if not d.admitted:
-            self._refuse(kwargs, guard, group, state, d, inp + least_out, call_id)
+        if not d.admitted:  # what it needed: the prompt as the gate holds it (k applied) + least output
+            self._refuse(kwargs, guard, group, state, d, max(d.input_reserved, inp) + least_out, call_id)
         granted_out = max(d.amount - d.input_reserved, 0)  # the input is held times the pool's k
         res = Reservation(rid, guard.pool, guard.model_id, guard.upstream_model, group, call_id,
                           inp, out, d.amount, granted_out if granted_out < out else None,
