@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import fakeredis
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .errors import StoreUnavailable
 
@@ -23,6 +26,10 @@ _EMBEDDED = fakeredis.FakeServer()
 
 
 _TIMEOUT_S = 5
+# One immediate retry on a dropped connection: after a Redis restart every pooled connection is
+# dead, and without it each would fail one request (503) or lose one settle. Safe because every
+# gate verb is idempotent per request id; timeouts are not retried (they would double the wait).
+_RETRIES = 1
 
 
 def connect(url: str | None, cluster: bool = False) -> redis.Redis:
@@ -39,7 +46,9 @@ def connect(url: str | None, cluster: bool = False) -> redis.Redis:
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
             raise StoreUnavailable(f"Redis Cluster unreachable at {_safe(url)}: {exc}") from exc
     if url:
-        return redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
+        return redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
+                                    retry=Retry(NoBackoff(), _RETRIES),
+                                    retry_on_error=[redis.ConnectionError])
     if cluster:
         raise ValueError("VQG_REDIS_CLUSTER needs VQG_REDIS_URL (a node of the cluster)")
     return fakeredis.FakeRedis(server=_EMBEDDED)
@@ -51,7 +60,9 @@ def connect_async(url: str | None, cluster: bool = False) -> aioredis.Redis:
         return aioredis.RedisCluster.from_url(  # type: ignore[return-value]
             url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
     if url:
-        return aioredis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
+        return aioredis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
+                                       retry=AsyncRetry(NoBackoff(), _RETRIES),
+                                       retry_on_error=[redis.ConnectionError])
     if cluster:
         raise ValueError("VQG_REDIS_CLUSTER needs VQG_REDIS_URL (a node of the cluster)")
     return fakeredis.FakeAsyncRedis(server=_EMBEDDED)
