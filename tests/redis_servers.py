@@ -7,7 +7,6 @@ VQG_TEST_REDIS_URL says, and are always stopped (the fixtures use them as contex
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -175,6 +174,3 @@ def redis_cluster() -> Iterator[RedisCluster]:
             for n in nodes:
                 n.kill()
 
-
-def has_redis_server() -> bool:
-    return os.access(REDIS_SERVER, os.X_OK)
