@@ -153,10 +153,11 @@ class RedisCluster:
 
 
 @contextmanager
-def redis_cluster() -> Iterator[RedisCluster]:
+def redis_cluster(ports: list[int] | None = None) -> Iterator[RedisCluster]:
     """Three cluster-enabled redis-servers joined by `redis-cli --cluster create`; all stopped on exit."""
+    ports = ports or [cluster_port() for _ in range(3)]
     with tempfile.TemporaryDirectory(prefix="vqg-cluster-") as tmp:
-        nodes = [RedisServer(Path(tmp) / f"n{i}", port=cluster_port(), extra=(
+        nodes = [RedisServer(Path(tmp) / f"n{i}", port=ports[i], extra=(
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "5000")) for i in range(3)]
         try:

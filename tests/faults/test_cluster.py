@@ -4,6 +4,7 @@ proxy instances, with pools spread over the masters."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import uuid
@@ -23,11 +24,13 @@ from proxy_support import (
     stop_proxy,
 )
 from redis.crc import key_slot
-from redis_servers import RedisCluster
+from redis_servers import RedisCluster, cluster_port, redis_cluster
 
+from volc_quota_guard import sync
 from volc_quota_guard.billing import BillingClient
 from volc_quota_guard.clock import ManualClock, next_beijing_midnight_ms
 from volc_quota_guard.config import load_settings
+from volc_quota_guard.errors import StoreUnavailable
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot
 from volc_quota_guard.keys import KeySpace
@@ -35,7 +38,6 @@ from volc_quota_guard.packages import PoolSpec
 from volc_quota_guard.store import connect, connect_async, is_cluster
 from volc_quota_guard.sync import SyncService
 
-pytestmark = pytest.mark.proxy  # the last test starts two proxies
 T0 = 1_786_600_000_000  # 2026-08-13 13:46 Beijing
 
 
@@ -160,6 +162,32 @@ def test_sync_elects_one_caller_and_installs_snapshots_on_the_cluster(cluster: R
         assert gate.reserve(pools[1], "big", 295_000).reason == "admitted"
 
 
+def test_a_proxy_starts_with_the_cluster_down_and_syncs_once_it_is_up(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A cluster client needs the cluster to be built: with it down the proxy's startup does not
+    fail (one clear error, no password in it), and the sync thread starts once the cluster is up."""
+    ports = [cluster_port() for _ in range(3)]
+    url = f"redis://vqg:s3cret@127.0.0.1:{ports[0]}/0"
+    with pytest.raises(StoreUnavailable) as down:
+        connect(url, cluster=True)
+    assert "s3cret" not in str(down.value) and "Cluster unreachable" in str(down.value)
+
+    monkeypatch.setattr(sync, "_proxy_service", None)
+    monkeypatch.setattr(sync, "_router_pools", list)  # no proxy router here: no pools
+    cfg = load_settings(VQG_REDIS_URL=f"redis://127.0.0.1:{ports[0]}/0", redis_cluster=True,
+                        sync_poll_seconds=0.05)
+    with caplog.at_level(logging.ERROR, logger="volc_quota_guard.sync"):
+        assert sync.start_in_proxy(cfg) is None
+    assert "sync thread not started yet" in caplog.text
+    with redis_cluster(ports):
+        deadline = time.monotonic() + 15
+        while sync._proxy_service is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        service = sync._proxy_service
+        assert service is not None and is_cluster(service.client)
+        service.stop(2)
+
+
 # ---- two proxy instances -------------------------------------------------------------------
 
 def synced(proxies: list[Proxy], pattern: str, timeout: float = 30) -> None:
@@ -201,6 +229,7 @@ def proxies(cluster: RedisCluster, fake: FakeVolcengine,
         stop_proxy(p)
 
 
+@pytest.mark.proxy
 def test_two_proxies_on_a_cluster_never_overrun_the_wall(proxies: list[Proxy]) -> None:
     """48 concurrent requests split over two proxies on the cluster near a synced wall: what the
     upstream consumed stays under it, nothing is billed, and no proxy logs a cluster error."""
@@ -229,6 +258,7 @@ def test_two_proxies_on_a_cluster_never_overrun_the_wall(proxies: list[Proxy]) -
         assert not CLUSTER_ERRORS.search(p.log()), p.log()[-3000:]
 
 
+@pytest.mark.proxy
 def test_a_proxy_killed_mid_request_leaves_a_reservation_that_expires_as_consumed(
         proxies: list[Proxy]) -> None:
     """SIGKILL one proxy while its upstream call runs: its reservation outlives it, then expires at
