@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import RedisClusterException
+from redis.exceptions import MovedError, RedisClusterException
 
 from .clock import Clock, ServerClock
 from .errors import GateError, StoreUnavailable
@@ -163,10 +163,10 @@ _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, RedisCluster
 
 
 def _store_error(exc: redis.ResponseError) -> StoreUnavailable:
-    hint = ""
-    if str(exc).startswith("MOVED"):  # a plain client on a cluster node: say what to set
-        hint = " (the store is a Redis Cluster: set VQG_REDIS_CLUSTER=true)"
-    return StoreUnavailable(f"store error: {exc}{hint}")
+    if isinstance(exc, MovedError):  # a plain client on a cluster node: say what to set
+        return StoreUnavailable(f"store error: MOVED {exc} (the store is a Redis Cluster: "
+                                "set VQG_REDIS_CLUSTER=true)")
+    return StoreUnavailable(f"store error: {exc}")
 
 
 def _store_call(fn: Callable[[], T]) -> T:

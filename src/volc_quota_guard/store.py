@@ -75,7 +75,8 @@ def is_cluster(client: object) -> bool:
 
 def _safe(url: str) -> str:
     # Never log a password: keep scheme, host and port.
-    return url.split("@", 1)[-1] if "@" in url else url
+    scheme, _, rest = url.rpartition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}" if scheme else rest.rpartition("@")[2]
 
 
 @dataclass

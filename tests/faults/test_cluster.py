@@ -53,7 +53,7 @@ def _spread_pools(per_third: int = 2) -> list[str]:
 
 
 POOLS = _spread_pools()
-CLUSTER_ERRORS = re.compile(r"CROSSSLOT|MOVED|ASK |ClusterDown|RedisClusterException|STORE-DOWN|store error")
+CLUSTER_ERRORS = re.compile(r"CROSSSLOT|MOVED|ClusterDown|RedisClusterException|STORE-DOWN|store error")
 
 
 def spread(cluster: RedisCluster, keyspace: KeySpace) -> dict[int, list[str]]:
@@ -97,6 +97,15 @@ def test_gate_verbs_run_on_every_master_and_survive_a_script_flush(cluster: Redi
     assert gate.pools() == sorted(POOLS)
     assert gate.now_ms() == clock.now_ms()
     assert Gate(client, keyspace).now_ms() > 0  # the cluster's TIME, from one master
+
+
+def test_a_plain_client_on_a_cluster_fails_closed_and_says_what_to_set(cluster: RedisCluster,
+                                                                        keyspace: KeySpace) -> None:
+    """Without VQG_REDIS_CLUSTER a pool on another master is a clear store error (fail closed)
+    naming the setting, never a wrong answer."""
+    elsewhere = [p for p in POOLS if cluster.node_of(keyspace.pool(p).state) != cluster.ports[0]]
+    with pytest.raises(StoreUnavailable, match="set VQG_REDIS_CLUSTER=true"):
+        Gate(connect(cluster.url), keyspace).reserve(elsewhere[0], "r", 1)
 
 
 def test_async_gate_and_eviction_reads_span_the_masters(cluster: RedisCluster,
