@@ -25,6 +25,10 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("VQG_REDIS_URL", "REDIS_URL"),
         description="Shared store; unset = the embedded store (one process only).",
     )
+    redis_cluster: bool = Field(
+        default=False,
+        description="VQG_REDIS_URL names a node of a Redis Cluster: use a cluster client.",
+    )
     key_prefix: str = Field(default="vqg", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     small_buffer: int = Field(
         default=50_000,

@@ -18,10 +18,12 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
+from redis.exceptions import MovedError, RedisClusterException
 
 from .clock import Clock, ServerClock
 from .errors import GateError, StoreUnavailable
 from .keys import KeySpace, PoolKeys
+from .store import is_cluster
 
 VERBS = ("reserve", "settle", "release", "snapshot", "status")
 PPM = 1_000_000  # the estimate correction is carried in parts per million
@@ -164,22 +166,32 @@ class _Args:
         return [_now_arg(self.clock)]
 
 
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException)
+
+
+def _store_error(exc: redis.ResponseError) -> StoreUnavailable:
+    if isinstance(exc, MovedError):  # a plain client on a cluster node: say what to set
+        return StoreUnavailable(f"store error: MOVED {exc} (the store is a Redis Cluster: "
+                                "set VQG_REDIS_CLUSTER=true)")
+    return StoreUnavailable(f"store error: {exc}")
+
+
 def _store_call(fn: Callable[[], T]) -> T:
     try:
         return fn()
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+    except _UNREACHABLE as exc:
         raise StoreUnavailable(f"store unreachable: {exc}") from exc
     except redis.ResponseError as exc:
-        raise StoreUnavailable(f"store error: {exc}") from exc
+        raise _store_error(exc) from exc
 
 
 async def _astore_call(fn: Callable[[], Awaitable[T]]) -> T:
     try:
         return await fn()
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+    except _UNREACHABLE as exc:
         raise StoreUnavailable(f"store unreachable: {exc}") from exc
     except redis.ResponseError as exc:
-        raise StoreUnavailable(f"store error: {exc}") from exc
+        raise _store_error(exc) from exc
 
 
 def _minute_before(ms: int) -> int:
@@ -285,6 +297,7 @@ class AsyncGate:
         self.client = client
         self.args = _Args(keyspace or KeySpace(), clock or ServerClock())
         self._scripts = {v: client.register_script(script_source(v)) for v in VERBS}
+        self._cluster = is_cluster(client)
 
     async def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
         keys = self.args.keys(pool).gate_keys(verb)
@@ -312,11 +325,18 @@ class AsyncGate:
         this host's clock, so callers compare them with `time.time()` whatever the skew.
         """
         async def fetch() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.time()
+            if self._cluster:
+                # A cluster pipeline splits per node and cannot carry the key-less TIME:
+                # ask one node for the time, then read every pool's node in parallel.
+                now = await self.client.time()
+                pipe = self.client.pipeline()
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.time()
             for pool in pools:
                 pipe.hget(self.args.keys(pool).state, "evicted_until")
-            return await pipe.execute()
+            values = await pipe.execute()
+            return [now, *values] if self._cluster else values
 
         (sec, usec), *values = await _astore_call(fetch)
         pinned = self.args.clock.now_ms()

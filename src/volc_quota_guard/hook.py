@@ -154,7 +154,7 @@ class QuotaGuard(CustomLogger):
         found = self._gates.get(loop)
         if found is None:
             _start_sync(self.config)  # again here: a forked worker does not inherit the thread
-            client = connect_async(self.config.redis_url)
+            client = connect_async(self.config.redis_url, self.config.redis_cluster)
             found = AsyncGate(client, KeySpace(self.config.key_prefix))
             self._gates[loop] = found
         return found

@@ -1,7 +1,11 @@
-"""Connections to the shared store: a Redis URL, or the embedded store (fakeredis with Lua).
+"""Connections to the shared store: a Redis URL, a Redis Cluster, or the embedded store
+(fakeredis with Lua).
 
-The embedded store is one in-memory server per process. `serve_embedded` exposes it over TCP
-so a LiteLLM proxy subprocess (the demo, tests) can share it with the parent.
+With `cluster=True` (``VQG_REDIS_CLUSTER=true``) the URL names any one node of a Redis Cluster
+and the client finds the others; every key of a pool shares one hash tag (keys.py), so each
+gate call runs on one node. The embedded store is one in-memory server per process.
+`serve_embedded` exposes it over TCP so a LiteLLM proxy subprocess (the demo, tests) can share
+it with the parent.
 """
 
 from __future__ import annotations
@@ -12,22 +16,67 @@ from dataclasses import dataclass
 import fakeredis
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .errors import StoreUnavailable
 
 _EMBEDDED = fakeredis.FakeServer()
 
 
-def connect(url: str | None) -> redis.Redis:
-    """A sync client: Redis at `url` (ACL/TLS URLs work), or the embedded store when None."""
+_TIMEOUT_S = 5
+# One immediate retry on a dropped connection: after a Redis restart every pooled connection is
+# dead, and without it each would fail one request (503) or lose one settle. Safe because every
+# gate verb is idempotent per request id; timeouts are not retried (they would double the wait).
+_RETRIES = 1
+
+
+def connect(url: str | None, cluster: bool = False) -> redis.Redis:
+    """A sync client: Redis at `url` (ACL/TLS URLs work), or the embedded store when None.
+
+    A cluster client learns the slot map when it is built: an unreachable cluster raises
+    `StoreUnavailable` here, not on first use.
+    """
+    if url and cluster:
+        try:
+            # RedisCluster has the same command methods; the gate treats it as a Redis client.
+            return redis.RedisCluster.from_url(  # type: ignore[return-value]
+                url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+            raise StoreUnavailable(f"Redis Cluster unreachable at {_safe(url)}: {exc}") from exc
     if url:
-        return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        return redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
+                                    retry=Retry(NoBackoff(), _RETRIES),
+                                    retry_on_error=[redis.ConnectionError])
+    if cluster:
+        raise ValueError("VQG_REDIS_CLUSTER needs VQG_REDIS_URL (a node of the cluster)")
     return fakeredis.FakeRedis(server=_EMBEDDED)
 
 
-def connect_async(url: str | None) -> aioredis.Redis:
-    """An asyncio client, same rules as `connect`."""
+def connect_async(url: str | None, cluster: bool = False) -> aioredis.Redis:
+    """An asyncio client, same rules as `connect` (a cluster client connects on first use)."""
+    if url and cluster:
+        return aioredis.RedisCluster.from_url(  # type: ignore[return-value]
+            url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
     if url:
-        return aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        return aioredis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
+                                       retry=AsyncRetry(NoBackoff(), _RETRIES),
+                                       retry_on_error=[redis.ConnectionError])
+    if cluster:
+        raise ValueError("VQG_REDIS_CLUSTER needs VQG_REDIS_URL (a node of the cluster)")
     return fakeredis.FakeAsyncRedis(server=_EMBEDDED)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` talks to a Redis Cluster (no key-less commands in its pipelines)."""
+    return isinstance(client, redis.RedisCluster | aioredis.RedisCluster)
+
+
+def _safe(url: str) -> str:
+    # Never log a password: keep scheme, host and port.
+    scheme, _, rest = url.rpartition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}" if scheme else rest.rpartition("@")[2]
 
 
 @dataclass

@@ -254,6 +254,7 @@ class SyncService:
 # -- in the proxy -------------------------------------------------------------------------------
 _proxy_service: SyncService | None = None
 _proxy_pid = 0
+_start_lock = threading.Lock()  # the hook (event loop) and a retry timer may both start it
 
 
 def _router_pools() -> list[PoolSpec]:
@@ -268,12 +269,26 @@ def _router_pools() -> list[PoolSpec]:
 
 def start_in_proxy(cfg: Settings) -> SyncService | None:
     """Start this process's sync thread once (again in a forked child); None when disabled."""
-    global _proxy_service, _proxy_pid
     if not cfg.sync_enabled:
         return None
-    if _proxy_service is not None and _proxy_pid == os.getpid():
-        return _proxy_service
-    gate = Gate(connect(cfg.redis_url), KeySpace(cfg.key_prefix))
+    with _start_lock:
+        if _proxy_service is not None and _proxy_pid == os.getpid():
+            return _proxy_service
+        try:
+            client = connect(cfg.redis_url, cfg.redis_cluster)
+        except StoreUnavailable as exc:
+            # A cluster client needs the cluster to be built; the proxy starts anyway (the
+            # gate fails closed meanwhile) and the sync thread starts once the store answers.
+            log.error("❌ [Sync] store unreachable, sync thread not started yet (retrying): %s", exc)
+            retry = threading.Timer(max(cfg.sync_poll_seconds, 1.0), start_in_proxy, (cfg,))
+            retry.daemon = True
+            retry.start()
+            return None
+        return _start_service(cfg, Gate(client, KeySpace(cfg.key_prefix)))
+
+
+def _start_service(cfg: Settings, gate: Gate) -> SyncService:
+    global _proxy_service, _proxy_pid
     _proxy_service = SyncService(cfg, gate, _router_pools)
     _proxy_pid = os.getpid()
     _proxy_service.start(cfg.sync_poll_seconds)

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = settings()
-    gate = Gate(connect(cfg.redis_url), KeySpace(cfg.key_prefix))
+    gate = Gate(connect(cfg.redis_url, cfg.redis_cluster), KeySpace(cfg.key_prefix))
     now = gate.now_ms()
     usage = args.usage_at_sync
     if usage is None:

@@ -163,7 +163,7 @@ def _print(console: Console, rows: list[dict[str, Any]], prefix: str) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_settings()
     keyspace = KeySpace(cfg.key_prefix)
-    client = connect(cfg.redis_url)
+    client = connect(cfg.redis_url, cfg.redis_cluster)
     gate = Gate(client, keyspace)
     pools = args.pool or gate.pools()
     rows = [pool_status(gate, client, keyspace, pool, cfg) for pool in pools]

@@ -1,0 +1,129 @@
+"""The quota store (a private redis-server) crashing under the guard: killed mid-traffic and
+restarted with its data, or restarted empty. Driven through the LiteLLM hook in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import pytest
+from fault_support import (
+    ACCOUNT,
+    CREDENTIALS,
+    DEPLOYMENTS,
+    POOL,
+    BillingWorld,
+    beijing_ms,
+    call,
+    check_books,
+    response,
+    success_kwargs,
+)
+from redis_servers import RedisServer
+
+from volc_quota_guard.clock import ManualClock
+from volc_quota_guard.config import load_settings
+from volc_quota_guard.fake import FakeVolcengine, Ledger
+from volc_quota_guard.gate import AsyncGate, Gate, Snapshot
+from volc_quota_guard.hook import QuotaGuard, QuotaRefused, QuotaStoreDown
+from volc_quota_guard.keys import KeySpace
+from volc_quota_guard.store import connect, connect_async
+
+PROMPT, COMPLETION = 12, 150  # what the "upstream" reports for each request
+
+
+def test_redis_killed_mid_traffic_fails_closed_then_recovers_counting_each_request_once(
+        durable_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis is SIGKILLed with requests in flight: new requests get a clear 503 while it is down,
+    settles that cannot land are logged (their reservations stay and expire as consumed), and
+    after the restart traffic flows again with every request counted exactly once."""
+    keyspace = KeySpace(f"vqgtest-{uuid.uuid4().hex[:8]}")
+    client = connect(durable_redis.url)
+    sync_gate = Gate(client, keyspace)
+    sync_gate.install_snapshot(POOL, Snapshot(1_000_000, 0, 0, 0, 2_000_000, sync_gate.now_ms() + 3_600_000))
+    upstream_used = 0
+
+    async def scenario() -> None:
+        nonlocal upstream_used
+        guard = QuotaGuard(load_settings(reservation_ttl_seconds=10),
+                           AsyncGate(connect_async(durable_redis.url), keyspace))
+        release_upstream = asyncio.Event()
+
+        async def request(i: int, wait_upstream: bool = False) -> int:
+            nonlocal upstream_used
+            kw = call(f"request {i}", call_id=f"c{i}", max_tokens=200)
+            try:
+                await guard.async_pre_call_deployment_hook(kw, "acompletion")
+            except QuotaStoreDown as exc:
+                assert exc.status_code == 503 and "quota store unreachable" in str(exc)
+                return 503
+            if wait_upstream:
+                await release_upstream.wait()
+            upstream_used += PROMPT + COMPLETION
+            await guard.async_log_success_event(success_kwargs(kw), response(PROMPT, COMPLETION), None, None)
+            return 200
+
+        assert await asyncio.gather(*(request(i) for i in range(10))) == [200] * 10
+        in_flight = [asyncio.create_task(request(100 + i, wait_upstream=True)) for i in range(8)]
+        while int(client.hget(keyspace.pool(POOL).state, "inflight") or 0) == 0 or \
+                client.hlen(keyspace.pool(POOL).reservations) < 8:
+            await asyncio.sleep(0.01)
+        durable_redis.kill()
+        assert await asyncio.gather(*(request(200 + i) for i in range(5))) == [503] * 5
+        with pytest.raises(QuotaStoreDown):
+            await guard.async_filter_deployments("g", DEPLOYMENTS, None, {})
+        release_upstream.set()  # the upstream answers; the settles find no store
+        assert await asyncio.gather(*in_flight) == [200] * 8
+        durable_redis.start()  # same port, same data (fsynced AOF)
+        assert await asyncio.gather(*(request(300 + i) for i in range(10))) == [200] * 10
+        assert await guard.async_filter_deployments("g", DEPLOYMENTS, None, {}) == DEPLOYMENTS
+
+    with caplog.at_level(logging.ERROR, logger="volc_quota_guard"):
+        asyncio.run(scenario())
+    assert caplog.text.count("[STORE-DOWN] quota store unreachable") >= 5
+    assert caplog.text.count("[STORE-DOWN] usage not recorded") == 8
+    books = check_books(client, keyspace)
+    assert books["open"] == 8 and books["resolved"] == 20  # the lost settles are held, not dropped
+    assert books["ucum"] == 20 * (PROMPT + COMPLETION)
+    assert books["ucum"] + books["inflight"] >= upstream_used  # nothing the upstream used is missing
+    for rid in client.hkeys(keyspace.pool(POOL).resolved):  # a retried settle adds nothing
+        assert sync_gate.settle(POOL, rid.decode(), PROMPT + COMPLETION).reason == "duplicate"
+    assert check_books(client, keyspace) == books
+
+
+def test_redis_restarted_empty_refuses_until_the_next_sync_restores_a_safe_limit(
+        scratch_redis: RedisServer) -> None:
+    """After Redis comes back empty the pool has no snapshot, so the guard refuses (429 naming
+    the cause) rather than admit on nothing; the next sync installs a wall no higher than the
+    billing API's balance minus SMALL_BUFFER, and traffic then stops before anything is billed."""
+    clock = ManualClock(beijing_ms("2026-08-14 09:00"))
+    with FakeVolcengine({ACCOUNT: tuple(CREDENTIALS.values())}, ledger=Ledger(lag_minutes=14),
+                        clock=clock) as fake:
+        fake.add_package(POOL, 400_000, acquired_ms=beijing_ms("2026-08-13 10:30"))
+        cfg = load_settings(billing_endpoint=fake.url)
+        w = BillingWorld(clock, fake, cfg, connect(scratch_redis.url), KeySpace("vqgtest-empty"))
+        assert set(w.minutes(60, 2_000)) == {"admitted"}
+        crossing = w.gate.reserve(POOL, "crossing", 2_000)  # in flight when the store is wiped
+        assert crossing.admitted
+
+        scratch_redis.restart(empty=True)
+        fake.consume(POOL, 2_000)  # the crossing request ran upstream; its settle finds nothing
+        assert w.gate.reserve(POOL, "after-wipe", 100).reason == "no_snapshot"
+
+        async def through_hook() -> None:
+            guard = QuotaGuard(cfg, AsyncGate(connect_async(scratch_redis.url), w.keyspace, clock))
+            with pytest.raises(QuotaRefused) as refused:
+                await guard.async_pre_call_deployment_hook(call(max_tokens=100), "acompletion")
+            assert refused.value.status_code == 429 and "no quota snapshot yet" in str(refused.value)
+
+        asyncio.run(through_hook())
+        outcome = w.service.tick()[0]  # the sync meta went with the data: a sync is due at once
+        assert outcome.ran and outcome.error is None
+        wall = w.gate.status(POOL).decision.balance_wall
+        assert wall <= fake.pool_totals(POOL).api_balance - cfg.small_buffer
+        reasons = w.minutes(200, 2_000)
+        assert "admitted" in reasons and reasons[-1] == "balance_wall"
+        totals = fake.pool_totals(POOL)
+        assert totals.billed == 0, totals
+        check_books(w.client, w.keyspace)
