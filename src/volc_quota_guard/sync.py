@@ -83,6 +83,7 @@ class SyncService:
         self._lister_for = lister_for or (lambda account: BillingClient.for_account(account, config=cfg))
         self._listers: dict[str, PackageLister] = {}
         self.owner = uuid.uuid4().hex
+        self.after_tick: list[Callable[[], object]] = []  # e.g. the consume task's schedule
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -218,6 +219,11 @@ class SyncService:
                 log.error("❌ [Sync] %s: store unreachable (%s); will retry", account, exc)
             except Exception:  # the thread must outlive any one bad sync
                 log.exception("❌ [Sync] %s: unexpected error; will retry", account)
+        for extra in self.after_tick:
+            try:
+                extra()
+            except Exception:  # noqa: BLE001  nor any bad extra
+                log.exception("❌ [Sync] %r failed; will retry", extra)
         return outcomes
 
     def start(self, poll_seconds: float = 5.0) -> None:
@@ -264,6 +270,10 @@ def start_in_proxy(cfg: Settings) -> SyncService | None:
     gate = Gate(connect(cfg.redis_url), KeySpace(cfg.key_prefix))
     _proxy_service = SyncService(cfg, gate, _router_pools)
     _proxy_pid = os.getpid()
+    if cfg.consume_enabled:
+        from .consume import in_proxy  # late: only proxies that run the task load httpx for it
+
+        _proxy_service.after_tick.append(in_proxy(cfg, gate).tick)
     _proxy_service.start(cfg.sync_poll_seconds)
     atexit.register(_proxy_service.stop, 2.0)
     log.info("🔄 [Sync] thread started (pid %s, every %ss, interval %s min)", _proxy_pid,
