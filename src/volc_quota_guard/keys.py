@@ -95,7 +95,7 @@ class KeySpace:
 
     def consume_history(self, pool: str) -> str:
         """Hash: ``<day>:natural`` (a Beijing day's usage without the consume task's) and
-        ``<day>:task`` (the task's own), for the natural-usage forecast."""
+        ``<day>:task`` (the task's own), and ``first_day`` of the history, for the forecast."""
         return f"{self.prefix}:{{{validate_pool(pool)}}}:consume_hist"
 
     def pattern(self) -> str:
