@@ -67,7 +67,7 @@ class Settings(BaseSettings):
                                      description="Most tokens one consume call may use (prompt + output).")
     consume_output_tokens: int = Field(default=4_096, ge=16, le=1_000_000,
                                        description="Output cap (max_tokens) of one consume call.")
-    consume_min_call_tokens: int = Field(default=2_000, ge=100, le=1_000_000,
+    consume_min_call_tokens: int = Field(default=2_000, ge=1_000, le=1_000_000,
                                          description="A plan remainder below this is not worth a call.")
     consume_max_errors: int = Field(default=3, ge=1, le=100,
                                     description="Consecutive failed consume calls that stop the run.")

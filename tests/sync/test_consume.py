@@ -199,3 +199,33 @@ def test_proxy_sync_thread_schedules_the_task_only_when_enabled(enabled, monkeyp
     svc = sync.start_in_proxy(load_settings(consume_enabled=enabled))
     assert svc is not None and started == [svc]
     assert len(svc.after_tick) == (1 if enabled else 0)
+
+
+def test_calls_that_may_have_run_count_their_whole_budget(make_world):
+    """Ark answers 500 (it may have run): each call's reservation is kept as consumed, 3 stop it."""
+    import httpx
+
+    from volc_quota_guard.ark import ArkChat
+
+    seen: list[dict] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        assert request.headers["authorization"] == f"Bearer ark-{ACCOUNT}"
+        return httpx.Response(500, json={"error": {"message": "boom"}})
+
+    w = live_world(make_world, "2026-08-30 22:00")
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-01 09:00"))
+    svc = w.service()
+    svc.tick()
+    w.clock.set(beijing_ms("2026-08-30 23:00"))
+    targets = targets_from_model_list(model_list(w), env=ARK_ENV)
+    task = ConsumeTask(w.cfg, Gate(w.client, w.keyspace, w.clock), lambda: targets,
+                       chat=ArkChat(5, True, transport=httpx.MockTransport(upstream)))
+    (outcome,) = task.tick()
+    budget = w.cfg.consume_call_tokens
+    assert outcome.calls == 3 and outcome.consumed == 3 * budget
+    assert [s["max_completion_tokens"] for s in seen] == [w.cfg.consume_output_tokens] * 3
+    assert all(s["model"] == MODEL for s in seen)
+    state = w.gate.status(POOL)
+    assert (state.get("day_usage"), state.get("inflight")) == (3 * budget, 0)
