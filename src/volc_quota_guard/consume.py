@@ -17,7 +17,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from .ark import ArkChat, ArkTarget, consume_messages, targets_from_model_list
 from .clock import MS_PER_DAY, beijing_day, next_beijing_midnight_ms
@@ -67,7 +67,6 @@ class _Run:
     errors: int = 0
     ratio: float = PROMPT_RATIO
     stop: str = ""
-    log: list[str] = field(default_factory=list)
 
 
 class ConsumeTask:
@@ -163,7 +162,13 @@ class ConsumeTask:
         log.info("%s %s plan=%s need=%s waste=%s forecast=%s/day reason=%s", TAG, pool,
                  f"{plan.tokens:,}", f"{plan.need:,}", f"{plan.waste:,}",
                  f"{plan.forecast.per_day:,}", plan.reason)
-        run = self._execute(pool, target, plan, day)
+        run = _Run()
+        try:
+            self._execute(pool, target, plan, day, run)
+        except (QuotaGuardError, OSError) as exc:  # e.g. the store went away mid-run
+            run.stop = f"failed: {exc}"
+            log.error("%s %s run failed after %s call(s): %s; not retried today", TAG, pool,
+                      run.calls, exc)
         self._finish(claim, pool, day, plan, run)
         return ConsumeOutcome(pool, day, "done", plan, run.consumed, run.calls, run.stop)
 
@@ -186,27 +191,28 @@ class ConsumeTask:
         log.info("%s %s done consumed=%s planned=%s calls=%s stop=%s", TAG, pool,
                  f"{run.consumed:,}", f"{plan.tokens if plan else 0:,}", run.calls, run.stop)
 
-    def _execute(self, pool: str, target: ArkTarget, plan: ConsumePlan, day: int) -> _Run:
-        cfg, run = self.cfg, _Run()
+    def _execute(self, pool: str, target: ArkTarget, plan: ConsumePlan, day: int, run: _Run) -> None:
+        """Call Ark until the plan is met or something says stop (`run.stop` says what)."""
+        cfg = self.cfg
         history = self.keyspace.consume_history(pool)
         while True:
             left = plan.tokens - run.consumed
             if left < cfg.consume_min_call_tokens:
                 run.stop = "plan met"
-                return run
+                return
             state = self.gate.status(pool)
             d, now = state.decision, state.now_ms
             if beijing_day(now) != day:
                 run.stop = "the Beijing day ended"
-                return run
+                return
             if now > state.get("valid_until"):
                 run.stop = "snapshot went stale"
-                return run
+                return
             room = d.headroom - cfg.small_buffer
             budget = min(left, room, cfg.consume_call_tokens)
             if budget < cfg.consume_min_call_tokens:
                 run.stop = f"{d.binding_wall} wall near (headroom {d.headroom:,})"
-                return run
+                return
             output = min(cfg.consume_output_tokens, budget // 2)
             messages, counted = consume_messages(int((budget - output) / run.ratio))
             rid = f"consume:{self.owner[:12]}:{day}:{run.calls}"
@@ -214,7 +220,7 @@ class ConsumeTask:
             granted = self.gate.reserve(pool, rid, budget, ttl_ms=ttl)
             if not granted.admitted:
                 run.stop = f"the gate refused the call ({granted.reason})"
-                return run
+                return
             run.calls += 1
             try:
                 reading = self.chat.chat(target, messages, output)
@@ -230,7 +236,7 @@ class ConsumeTask:
                             "counted as used" if exc.may_have_run else "nothing used")
                 if run.errors >= cfg.consume_max_errors:
                     run.stop = f"{run.errors} failed calls in a row (last: {exc})"
-                    return run
+                    return
                 continue
             run.errors = 0
             settled = self.gate.settle(pool, rid, reading.tokens)
@@ -246,7 +252,7 @@ class ConsumeTask:
             if used > budget:
                 run.stop = f"a call used {used:,} > its budget {budget:,}"
                 log.warning("%s %s %s: stopping", TAG, pool, run.stop)
-                return run
+                return
 
     # -- the schedule ---------------------------------------------------------------------
     def tick(self) -> list[ConsumeOutcome]:
@@ -255,7 +261,13 @@ class ConsumeTask:
         day = beijing_day(now)
         if now < run_time_ms(day, self.cfg.consume_at):
             return []
-        targets = self.targets()
+        try:
+            targets = self.targets()
+        except QuotaGuardError as exc:  # a bad deployment config: say so once a day, not per poll
+            if self._warned.get("") != day:
+                self._warned[""] = day
+                log.error("%s cannot read the deployments: %s", TAG, exc)
+            return []
         due = {p: t for p, t in targets.items() if self._handled.get(p) != day}
         if not due:
             return []
