@@ -271,7 +271,7 @@ def start_in_proxy(cfg: Settings) -> SyncService | None:
     _proxy_service = SyncService(cfg, gate, _router_pools)
     _proxy_pid = os.getpid()
     if cfg.consume_enabled:
-        from .consume import in_proxy  # late: only proxies that run the task load httpx for it
+        from .consume import in_proxy  # late: the task loads the tokenizer (litellm)
 
         _proxy_service.after_tick.append(in_proxy(cfg, gate).tick)
     _proxy_service.start(cfg.sync_poll_seconds)
