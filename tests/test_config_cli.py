@@ -36,6 +36,10 @@ def test_legacy_names_are_accepted(monkeypatch):
     ("VQG_LAG_FLOOR_MINUTES", "0", "from 1 to 1,440"),
     ("VQG_FAIL_MODE", "maybe", "'closed' or 'open'"),
     ("VQG_KEY_PREFIX", "a{b}", "VQG_KEY_PREFIX"),
+    ("VQG_CONSUME_AT", "24:00", "VQG_CONSUME_AT='24:00' is invalid: must be a Beijing time HH:MM"),
+    ("VQG_CONSUME_CALL_TOKENS", "10", "VQG_CONSUME_CALL_TOKENS='10' is invalid: must be an integer from 1,"),
+    ("VQG_CONSUME_TIMEOUT_SECONDS", "0", "must be a number from 1 to 3,600"),
+    ("VQG_CONSUME_ENABLED", "maybe", "VQG_CONSUME_ENABLED='maybe' is invalid: must be true or false"),
 ])
 def test_bad_values_stop_startup_naming_the_variable(monkeypatch, name, value, needle):
     """A bad value raises ConfigError whose message names the variable and its allowed range."""

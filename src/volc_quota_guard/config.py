@@ -69,6 +69,21 @@ class Settings(BaseSettings):
     billing_endpoint: str | None = None
     billing_region: str = "cn-beijing"
 
+    consume_enabled: bool = Field(default=False,
+                                  description="Run the nightly consume task in the proxy's sync thread.")
+    consume_at: str = Field(default="23:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$",
+                            description="Beijing time (HH:MM) from which the nightly consume task runs.")
+    consume_call_tokens: int = Field(default=32_000, ge=1_000, le=1_000_000,
+                                     description="Most tokens one consume call may use (prompt + output).")
+    consume_output_tokens: int = Field(default=4_096, ge=16, le=1_000_000,
+                                       description="Output cap (max_tokens) of one consume call.")
+    consume_min_call_tokens: int = Field(default=2_000, ge=1_000, le=1_000_000,
+                                         description="A plan remainder below this is not worth a call.")
+    consume_max_errors: int = Field(default=3, ge=1, le=100,
+                                    description="Consecutive failed consume calls that stop the run.")
+    consume_timeout_seconds: float = Field(default=300, ge=1, le=3_600,
+                                           description="Timeout of one consume call to Ark.")
+
     @model_validator(mode="after")
     def _correction_min_within_max(self) -> Settings:
         if self.estimate_correction_min > self.estimate_correction_max:
@@ -97,6 +112,8 @@ def _describe(name: str) -> tuple[str, str]:
         return env, "'closed' or 'open'"
     if name == "key_prefix":
         return env, "1-64 characters of A-Z a-z 0-9 _ . : -"
+    if name == "consume_at":
+        return env, "a Beijing time HH:MM (00:00 to 23:59)"
     if field.annotation is bool:
         return env, "true or false"
     return env, "a valid value"

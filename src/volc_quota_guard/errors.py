@@ -4,11 +4,12 @@
     ├── ConfigError            a setting is missing or out of range (startup stops)
     ├── StoreUnavailable       Redis (or the embedded store) cannot be reached
     ├── GateError              the gate script refused its arguments (a bug, never a write)
-    └── BillingError           the Volcengine billing API failed
-        ├── BillingAuthError       credentials are wrong or lack permission
-        ├── BillingThrottled       the API asks us to slow down
-        ├── BillingTransient       5xx, timeouts, connection resets
-        └── BillingMalformed       the answer is not what the API documents
+    ├── BillingError           the Volcengine billing API failed
+    │   ├── BillingAuthError       credentials are wrong or lack permission
+    │   ├── BillingThrottled       the API asks us to slow down
+    │   ├── BillingTransient       5xx, timeouts, connection resets
+    │   └── BillingMalformed       the answer is not what the API documents
+    └── ArkCallError           a consume task's chat call to Ark failed
 
 Redis and SDK exceptions are translated where they are caught (`raise … from exc`).
 """
@@ -57,3 +58,12 @@ class BillingTransient(BillingError):
 
 class BillingMalformed(BillingError):
     """The billing API answered with something that is not the documented shape."""
+
+
+class ArkCallError(QuotaGuardError):
+    """A consume-task chat call to Ark failed. `may_have_run` is False only when the upstream
+    surely consumed nothing (never connected, or it refused with a 4xx)."""
+
+    def __init__(self, message: str, *, may_have_run: bool) -> None:
+        super().__init__(message)
+        self.may_have_run = may_have_run

@@ -90,7 +90,13 @@ class KeySpace:
         return f"{self.prefix}:sync_meta:{account}"
 
     def consume_done(self, pool: str, day: int) -> str:
+        """The consume task's once-per-Beijing-day claim (SET NX), then its outcome (JSON)."""
         return f"{self.prefix}:{{{validate_pool(pool)}}}:consume:{day}"
+
+    def consume_history(self, pool: str) -> str:
+        """Hash: ``<day>:natural`` (a Beijing day's usage without the consume task's) and
+        ``<day>:task`` (the task's own), and ``first_day`` of the history, for the forecast."""
+        return f"{self.prefix}:{{{validate_pool(pool)}}}:consume_hist"
 
     def pattern(self) -> str:
         return f"{self.prefix}:*"

@@ -84,6 +84,7 @@ class SyncService:
         self._lister_for = lister_for or (lambda account: BillingClient.for_account(account, config=cfg))
         self._listers: dict[str, PackageLister] = {}
         self.owner = uuid.uuid4().hex
+        self.after_tick: list[Callable[[], object]] = []  # e.g. the consume task's schedule
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -230,6 +231,11 @@ class SyncService:
                 log.error("❌ [Sync] %s: store unreachable (%s); will retry", account, exc)
             except Exception:  # the thread must outlive any one bad sync
                 log.exception("❌ [Sync] %s: unexpected error; will retry", account)
+        for extra in self.after_tick:
+            try:
+                extra()
+            except Exception:  # noqa: BLE001  nor any bad extra
+                log.exception("❌ [Sync] %r failed; will retry", extra)
         return outcomes
 
     def start(self, poll_seconds: float = 5.0) -> None:
@@ -291,6 +297,10 @@ def _start_service(cfg: Settings, gate: Gate) -> SyncService:
     global _proxy_service, _proxy_pid
     _proxy_service = SyncService(cfg, gate, _router_pools)
     _proxy_pid = os.getpid()
+    if cfg.consume_enabled:
+        from .consume import in_proxy  # late: the task loads the tokenizer (litellm)
+
+        _proxy_service.after_tick.append(in_proxy(cfg, gate).tick)
     _proxy_service.start(cfg.sync_poll_seconds)
     atexit.register(_proxy_service.stop, 2.0)
     log.info("🔄 [Sync] thread started (pid %s, every %ss, interval %s min)", _proxy_pid,

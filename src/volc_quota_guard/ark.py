@@ -1,0 +1,127 @@
+"""Direct Ark chat calls for the consume task: the deployment's own key and base URL, over httpx.
+
+The task does not go through the proxy (no routing, no 429 to anyone, no eviction of its own
+making); `consume.py` reserves and settles each call in the gate itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from .deployments import GuardConfigError, guard_for_deployment
+from .errors import ArkCallError, ConfigError
+from .estimate import count_input_sync
+from .outcome import UsageReading, read_usage
+
+DEFAULT_API_BASE = "https://ark.cn-beijing.volces.com/api/v3"  # LiteLLM's volcengine default
+_ENV_PREFIX = "os.environ/"
+_FILLER = ("The river carried autumn leaves past the old mill while farmers counted their grain "
+           "and children traced maps of distant mountains in the dust. ")
+SYSTEM = "You write long, plain prose. Keep writing until you run out of room."
+ASK = ("Ignore the background text above; it is only filler. Write a long, detailed story about "
+       "a lighthouse keeper, in many chapters, and do not stop early.")
+
+
+@dataclass(frozen=True)
+class ArkTarget:
+    """Where a pool's consume calls go: one of its deployments."""
+
+    pool: str
+    model: str  # upstream Ark model id
+    api_base: str
+    api_key: SecretStr
+
+    def __repr__(self) -> str:
+        return f"ArkTarget(pool={self.pool!r}, api_base={self.api_base!r})"
+
+
+def _resolve(value: object, env: Mapping[str, str]) -> str:
+    text = str(value or "").strip()
+    if text.startswith(_ENV_PREFIX):
+        return env.get(text[len(_ENV_PREFIX):], "").strip()
+    return text
+
+
+def targets_from_model_list(model_list: Iterable[Mapping[str, Any]],
+                            env: Mapping[str, str] | None = None) -> dict[str, ArkTarget]:
+    """The first deployment with an API key of each guarded pool (`os.environ/NAME` resolved,
+    else `VOLCENGINE_API_KEY` as LiteLLM's chat reads it)."""
+    env = os.environ if env is None else env
+    found: dict[str, ArkTarget] = {}
+    for deployment in model_list:
+        try:
+            guard = guard_for_deployment(deployment)
+        except GuardConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if guard is None or guard.pool in found:
+            continue
+        params = deployment.get("litellm_params") or {}
+        key = _resolve(params.get("api_key"), env) or env.get("VOLCENGINE_API_KEY", "").strip()
+        if not key:
+            continue
+        base = (_resolve(params.get("api_base"), env) or env.get("VOLCENGINE_API_BASE", "").strip()
+                or DEFAULT_API_BASE)
+        found[guard.pool] = ArkTarget(guard.pool, guard.upstream_model, base.rstrip("/"),
+                                      SecretStr(key))
+    return found
+
+
+@cache
+def _filler_unit_tokens() -> int:
+    return max(1, count_input_sync({"messages": [{"role": "user", "content": _FILLER}]}) - 8)
+
+
+def consume_messages(prompt_tokens: int) -> tuple[list[dict[str, str]], int]:
+    """Chat messages of at most `prompt_tokens` input tokens by our tokenizer, and their count."""
+    def build(units: int) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": _FILLER * units + "\n\n" + ASK}]
+
+    units = max(0, prompt_tokens // _filler_unit_tokens())
+    while True:
+        messages = build(units)
+        counted = count_input_sync({"messages": messages})
+        if counted <= prompt_tokens or units == 0:
+            return messages, counted
+        units = max(0, units - 1 - (counted - prompt_tokens) // _filler_unit_tokens())
+
+
+class ArkChat:
+    """Non-streaming chat completions with usage; one httpx client per task."""
+
+    def __init__(self, timeout_s: float, count_cached: bool,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.count_cached = count_cached
+        self._http = httpx.Client(timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def chat(self, target: ArkTarget, messages: list[dict[str, str]], max_output: int) -> UsageReading:
+        """One call; raises ArkCallError saying whether the upstream may have consumed tokens."""
+        body = {"model": target.model, "messages": messages, "stream": False,
+                # Ark's cap that includes reasoning tokens (thinking models): nothing runs past it.
+                "max_completion_tokens": max_output}
+        headers = {"Authorization": f"Bearer {target.api_key.get_secret_value()}"}
+        try:
+            reply = self._http.post(f"{target.api_base}/chat/completions", json=body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ArkCallError(f"cannot connect to {target.api_base}: {exc}", may_have_run=False) from exc
+        except httpx.HTTPError as exc:
+            raise ArkCallError(f"{type(exc).__name__}: {exc}", may_have_run=True) from exc
+        if reply.status_code >= 400:
+            refused = reply.status_code < 500 and reply.status_code not in (408, 499)
+            raise ArkCallError(f"HTTP {reply.status_code}: {reply.text[:200]}",
+                               may_have_run=not refused)
+        try:
+            answer = reply.json()
+        except ValueError as exc:
+            raise ArkCallError("the answer is not JSON", may_have_run=True) from exc
+        return read_usage(answer, self.count_cached)
