@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from secure_redis import REDIS_PASSWORD, RedisServer, start_redis
 
 from backend import TEST_REDIS_URL
 from volc_quota_guard.keys import KeySpace
@@ -65,3 +66,14 @@ def keyspace() -> Iterator[KeySpace]:
 def client() -> redis.Redis:
     """A sync client on the test backend (in-process embedded store when no Redis is given)."""
     return connect(TEST_REDIS_URL)
+
+
+@pytest.fixture(scope="session")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A private redis-server whose only user is an ACL user with a password (`url` has both)."""
+    try:
+        server = start_redis(tmp_path_factory.mktemp("acl-redis"), REDIS_PASSWORD)
+    except FileNotFoundError:
+        pytest.skip("platform limit: no redis-server binary on PATH")
+    yield server
+    server.stop()

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     consume_timeout_seconds: float = Field(default=300, ge=1, le=3_600,
                                            description="Timeout of one consume call to Ark.")
 
+    metrics_port: int = Field(default=0, ge=0, le=65_535,
+                              description="Prometheus endpoint port in each proxy process; 0 = off.")
+    metrics_host: str = Field(default="127.0.0.1", min_length=1,
+                              description="Address the Prometheus endpoint binds to.")
+
     @model_validator(mode="after")
     def _correction_min_within_max(self) -> Settings:
         if self.estimate_correction_min > self.estimate_correction_max:

@@ -32,6 +32,7 @@ from rich.table import Table
 
 from .clock import BEIJING, to_beijing
 from .config import settings
+from .errors import redact
 from .fake import FakeVolcengine, Ledger, ScaledClock
 from .store import connect, serve_embedded
 
@@ -187,7 +188,7 @@ def run(seconds: float = 100.0, console: Console | None = None) -> int:
     log_path = workdir / "proxy.log"
     proc = None
     try:
-        where = f"Redis {store_url}" if cfg.redis_url else "embedded"
+        where = f"Redis {redact(store_url)}" if cfg.redis_url else "embedded"
         console.print(f"[bold]volc_quota_guard demo[/] — store: {where}, fake Volcengine at {fake.url} "
                       f"({SCALE}× time), proxy log: {log_path}")
         proc, url = start_proxy(proxy_env(fake, store_url, prefix), log_path, console)

@@ -16,6 +16,15 @@ Redis and SDK exceptions are translated where they are caught (`raise … from e
 
 from __future__ import annotations
 
+import re
+
+_URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the user:password part of every URL in it replaced by `***`."""
+    return _URL_CREDENTIALS.sub(r"\1***@", text)
+
 
 class QuotaGuardError(Exception):
     """Root of every error raised by volc_quota_guard."""
@@ -26,7 +35,13 @@ class ConfigError(QuotaGuardError):
 
 
 class StoreUnavailable(QuotaGuardError):
-    """The shared store (Redis) cannot be reached or answered with a server error."""
+    """The shared store (Redis) cannot be reached or answered with a server error.
+
+    The message is redacted: a Redis URL's password never reaches a log line or a client.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact(message))
 
 
 class GateError(QuotaGuardError):

@@ -45,7 +45,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 import litellm  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 
-from . import estimate, loglines, sync  # noqa: E402
+from . import estimate, loglines, metrics, sync  # noqa: E402
 from .calls import (  # noqa: E402
     STASH_KEY,
     RequestState,
@@ -258,6 +258,7 @@ class QuotaGuard(CustomLogger):
 
         wait = min(retry_after_s(u, _now_ms(), self._until_sync_s()) for u in evicted.values())
         reserve = await self._least_for_log(data, call_type)
+        metrics.blocked(g.pool for g in guarded)
         for g in guarded:
             d = await self.gate().status(g.pool)
             log.warning(loglines.pre_block(g.upstream_model, d, reserve, reason="evicted",
@@ -320,6 +321,7 @@ class QuotaGuard(CustomLogger):
         gone = list(guards.values())
         wait = min(retry_after_s(evicted[g.pool], now, self._until_sync_s()) for g in gone)
         why = "evicted" if any(evicted[g.pool] > now for g in gone) else "request does not fit"
+        metrics.blocked(g.pool for g in gone if g.model_id not in state.refused)
         for g in gone:
             if g.model_id not in state.refused:  # refusals were logged where they happened
                 d = await self.gate().status(g.pool)
@@ -401,6 +403,7 @@ class QuotaGuard(CustomLogger):
                 return None
             log.error("⛔ [STORE-DOWN] quota store unreachable, %s refused: %s", guard.pool, exc)
             raise self._store_down(group, exc) from None
+        metrics.reserved(guard.pool, d, out)
         if not d.admitted:  # what it needed: the prompt as the gate holds it (k applied) + least output
             self._refuse(kwargs, guard, group, state, d, max(d.input_reserved, inp) + least_out, call_id)
         granted_out = max(d.amount - d.input_reserved, 0)  # the input is held times the pool's k

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
+from . import metrics
 from .billing import BillingClient, ResourcePackage
 from .config import Settings
 from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
@@ -146,6 +147,7 @@ class SyncService:
             packages = self._lister(account).list_resource_packages()
         except (BillingError, QuotaGuardError) as exc:
             kind = type(exc).__name__
+            metrics.sync_failed(account, exc)
             loud = log.critical if isinstance(exc, BillingAuthError) else log.error
             loud("❌ [Sync] %s: billing API failed (%s: %s); snapshots stay until they go stale, "
                  "then these pools get no headroom: %s", account, kind, exc,
@@ -228,6 +230,7 @@ class SyncService:
             try:
                 outcomes.append(self.maybe_sync(account, specs))
             except (StoreUnavailable, OSError, ConnectionError) as exc:
+                metrics.sync_failed(account, exc)
                 log.error("❌ [Sync] %s: store unreachable (%s); will retry", account, exc)
             except Exception:  # the thread must outlive any one bad sync
                 log.exception("❌ [Sync] %s: unexpected error; will retry", account)
@@ -275,6 +278,7 @@ def _router_pools() -> list[PoolSpec]:
 
 def start_in_proxy(cfg: Settings) -> SyncService | None:
     """Start this process's sync thread once (again in a forked child); None when disabled."""
+    metrics.serve_in_proxy(cfg)
     if not cfg.sync_enabled:
         return None
     with _start_lock:
