@@ -272,12 +272,17 @@ def pools_from_model_list(model_list: Iterable[Mapping[str, Any]]) -> list[PoolS
     return [found[p] for p in sorted(found)]
 
 
-def pools_from_litellm_config(path: str | Path) -> list[PoolSpec]:
-    """Pools of a LiteLLM proxy config file (see ``pools_from_model_list``)."""
+def read_model_list(path: str | Path) -> list[Any]:
+    """The ``model_list`` of a LiteLLM proxy config file; a clear error when it is unreadable."""
     try:
         config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read LiteLLM config {path}: {exc}") from None
     if not isinstance(config, Mapping):
         raise ConfigError(f"LiteLLM config {path} is not a mapping")
-    return pools_from_model_list(config.get("model_list") or [])
+    return list(config.get("model_list") or [])
+
+
+def pools_from_litellm_config(path: str | Path) -> list[PoolSpec]:
+    """Pools of a LiteLLM proxy config file (see ``pools_from_model_list``)."""
+    return pools_from_model_list(read_model_list(path))

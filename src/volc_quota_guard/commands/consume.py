@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from ..ark import ArkTarget, targets_from_model_list
 from ..clock import to_beijing
@@ -23,6 +19,7 @@ from ..consume import ConsumeOutcome, ConsumeTask, outcome_json
 from ..errors import ConfigError
 from ..gate import Gate
 from ..keys import KeySpace
+from ..packages import read_model_list
 from ..store import connect
 from . import pool_arg
 
@@ -41,15 +38,7 @@ def register(sub: Any) -> None:
 
 
 def _targets(path: str | None) -> dict[str, ArkTarget]:
-    if path is None:
-        return {}
-    try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read LiteLLM config {path}: {exc}") from None
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"LiteLLM config {path} is not a mapping")
-    return targets_from_model_list(config.get("model_list") or [])
+    return {} if path is None else targets_from_model_list(read_model_list(path))
 
 
 def _print(outcome: ConsumeOutcome, dry_run: bool) -> None:
