@@ -62,13 +62,14 @@ def _traffic_line(rng: random.Random, budget: int, start_minute: int) -> tuple[d
     if concurrency > 1:
         line["concurrency"] = concurrency
     line.update({"prompt": prompt, "completion": completion})
-    if rng.random() < 0.5:
-        line["max_tokens"] = max(1, int(completion * rng.uniform(0.3, 2.0)))
+    max_tokens = max(1, int(completion * rng.uniform(0.3, 2.0))) if rng.random() < 0.5 else None
+    if max_tokens is not None:
+        line["max_tokens"] = max_tokens
     line["estimate_ratio"] = round(rng.uniform(0.6, 1.4), 2)
     line["duration_seconds"] = rng.choice([1, 5, 20, 60, 120, 300, rng.randint(1, 300)])
     if rng.random() < 0.05:
         line["usage"] = "missing"
-    output = min(completion, int(line.get("max_tokens") or DEFAULT_OUTPUT))  # type: ignore[call-overload]
+    output = min(completion, max_tokens or DEFAULT_OUTPUT)
     requests = arrivals * concurrency
     return line, requests, requests * (prompt + output)
 
