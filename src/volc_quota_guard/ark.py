@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from .deployments import GuardConfigError, guard_for_deployment
-from .errors import ArkCallError, ConfigError
+from .deployments import guarded_deployments
+from .errors import ArkCallError
 from .estimate import count_input_sync
 from .outcome import UsageReading, read_usage
 
@@ -55,12 +55,8 @@ def targets_from_model_list(model_list: Iterable[Mapping[str, Any]],
     else `VOLCENGINE_API_KEY` as LiteLLM's chat reads it)."""
     env = os.environ if env is None else env
     found: dict[str, ArkTarget] = {}
-    for deployment in model_list:
-        try:
-            guard = guard_for_deployment(deployment)
-        except GuardConfigError as exc:
-            raise ConfigError(str(exc)) from None
-        if guard is None or guard.pool in found:
+    for deployment, guard in guarded_deployments(model_list):
+        if guard.pool in found:
             continue
         params = deployment.get("litellm_params") or {}
         key = _resolve(params.get("api_key"), env) or env.get("VOLCENGINE_API_KEY", "").strip()

@@ -9,10 +9,11 @@ guard. Every `volcengine` deployment is guarded unless the operator sets `vqg_gu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ConfigError
 from .keys import pool_id
 
 PROVIDER = "volcengine"
@@ -80,3 +81,17 @@ def guard_for_deployment(deployment: Mapping[str, Any]) -> GuardedDeployment | N
     params = deployment.get("litellm_params") or {}
     return guard_for(params.get("model"), params.get("custom_llm_provider"),
                      deployment.get("model_info") or {})
+
+
+def guarded_deployments(model_list: Iterable[Mapping[str, Any]]
+                        ) -> Iterator[tuple[Mapping[str, Any], GuardedDeployment]]:
+    """Each deployment of a LiteLLM ``model_list`` the guard guards, with its guard; a
+    misconfigured one stops the caller with a ``ConfigError`` naming it (an operator's command
+    must not silently skip a pool)."""
+    for deployment in model_list:
+        try:
+            guard = guard_for_deployment(deployment)
+        except GuardConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if guard is not None:
+            yield deployment, guard

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from .billing import ResourcePackage
-from .deployments import GuardConfigError, guard_for_deployment
+from .deployments import guarded_deployments
 from .errors import ConfigError
 from .keys import validate_pool
 
@@ -256,13 +256,7 @@ def pools_from_model_list(model_list: Iterable[Mapping[str, Any]]) -> list[PoolS
     """Pools of a LiteLLM ``model_list``: every deployment the guard guards (see
     ``deployments.guard_for_deployment``), with ``model_info.vqg_packages`` as its rule."""
     found: dict[str, PoolSpec] = {}
-    for deployment in model_list:
-        try:
-            guard = guard_for_deployment(deployment)
-        except GuardConfigError as exc:
-            raise ConfigError(str(exc)) from None
-        if guard is None:
-            continue
+    for _, guard in guarded_deployments(model_list):
         pool, info = guard.pool, guard.model_info
         rule = PackageRule.parse(info["vqg_packages"]) if info.get("vqg_packages") else None
         old = found.get(pool)
