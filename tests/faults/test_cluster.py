@@ -22,6 +22,7 @@ from proxy_support import (
     call_id,
     start_proxy,
     stop_proxy,
+    sync_env,
 )
 from redis.crc import key_slot
 from redis_servers import RedisCluster, cluster_port, redis_cluster
@@ -221,12 +222,8 @@ def proxies(cluster: RedisCluster, fake: FakeVolcengine,
     expire after 10 s (the lowest allowed TTL)."""
     fake.add_package(POOL_SOLO, 30_000)
     fake.add_package(POOL_A, 100_000)
-    env = {"VQG_REDIS_CLUSTER": "true", "VQG_SYNC_ENABLED": "true", "VQG_SYNC_POLL_SECONDS": "0.2",
-           "VQG_RESERVATION_TTL_SECONDS": "10",
-           "VQG_BILLING_ENDPOINT": fake.url, "VQG_SMALL_BUFFER": "5000", "VQG_EVICT_BELOW": "500"}
-    for account, (ak, sk) in ACCOUNTS.items():
-        suffix = account.upper().replace("-", "_")
-        env |= {f"VOLC_ACCESSKEY_{suffix}": ak, f"VOLC_SECRETKEY_{suffix}": sk}
+    env = sync_env(fake, VQG_REDIS_CLUSTER="true", VQG_RESERVATION_TTL_SECONDS="10",
+                   VQG_EVICT_BELOW="500")
     prefix = f"vqgtest-cl-{uuid.uuid4().hex[:8]}"
     with ThreadPoolExecutor(2) as pool:
         started = list(pool.map(lambda i: start_proxy(tmp_path_factory.mktemp(f"cluster{i}"), fake,

@@ -126,6 +126,16 @@ class Proxy:
             evict_below=evict_below))
 
 
+def sync_env(fake: FakeVolcengine, **extra: str) -> dict[str, str]:
+    """Proxy env for a running billing sync against the fake: fast polls, every account's keys."""
+    env = {"VQG_SYNC_ENABLED": "true", "VQG_SYNC_POLL_SECONDS": "0.2",
+           "VQG_BILLING_ENDPOINT": fake.url, "VQG_SMALL_BUFFER": "5000", **extra}
+    for account, (ak, sk) in ACCOUNTS.items():
+        suffix = account.upper().replace("-", "_")
+        env |= {f"VOLC_ACCESSKEY_{suffix}": ak, f"VOLC_SECRETKEY_{suffix}": sk}
+    return env
+
+
 def call_id() -> str:
     return f"vqgtest-{uuid.uuid4().hex}"
 

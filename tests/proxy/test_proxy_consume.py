@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from proxy_support import ACCOUNTS, POOL_A, POOL_B, Proxy, start_proxy, stop_proxy
+from proxy_support import POOL_A, POOL_B, Proxy, start_proxy, stop_proxy, sync_env
 
 from volc_quota_guard.clock import to_beijing
 from volc_quota_guard.fake import FakeVolcengine
@@ -22,12 +22,7 @@ def consuming(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, st
     now = fake.now_ms()
     fake.add_package(POOL_A, 300_000, expires_ms=now + 2 * HOUR)  # expires before the next run
     fake.add_package(POOL_B, 300_000)  # 30 days to go: nothing to save tonight
-    env = {"VQG_SYNC_ENABLED": "true", "VQG_SYNC_POLL_SECONDS": "0.2",
-           "VQG_BILLING_ENDPOINT": fake.url, "VQG_SMALL_BUFFER": "5000",
-           "VQG_CONSUME_ENABLED": "true", "VQG_CONSUME_AT": f"{to_beijing(now):%H:%M}"}
-    for account, (ak, sk) in ACCOUNTS.items():
-        suffix = account.upper().replace("-", "_")
-        env |= {f"VOLC_ACCESSKEY_{suffix}": ak, f"VOLC_SECRETKEY_{suffix}": sk}
+    env = sync_env(fake, VQG_CONSUME_ENABLED="true", VQG_CONSUME_AT=f"{to_beijing(now):%H:%M}")
     p = start_proxy(tmp_path_factory.mktemp("consume"), fake, store_url, prefix, env=env)
     yield p
     stop_proxy(p)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from proxy_support import ACCOUNTS, DS, POOL_A, POOL_B, Proxy, call_id, start_proxy, stop_proxy
+from proxy_support import DS, POOL_A, POOL_B, Proxy, call_id, start_proxy, stop_proxy, sync_env
 
 from volc_quota_guard.fake import FakeVolcengine
 
@@ -21,11 +21,7 @@ def synced(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store
     fake.add_package(POOL_A, 60_000)
     fake.add_package(POOL_B, 40_000)
     fake.add_package(POOL_DOUBAO, 20_000)
-    env = {"VQG_SYNC_ENABLED": "true", "VQG_SYNC_POLL_SECONDS": "0.2",
-           "VQG_BILLING_ENDPOINT": fake.url, "VQG_SMALL_BUFFER": "5000", "VQG_EVICT_BELOW": "3000"}
-    for account, (ak, sk) in ACCOUNTS.items():
-        suffix = account.upper().replace("-", "_")
-        env |= {f"VOLC_ACCESSKEY_{suffix}": ak, f"VOLC_SECRETKEY_{suffix}": sk}
+    env = sync_env(fake, VQG_EVICT_BELOW="3000")
     p = start_proxy(tmp_path_factory.mktemp("sync"), fake, store_url, prefix, env=env)
     yield p
     stop_proxy(p)
