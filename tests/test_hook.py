@@ -18,7 +18,7 @@ import redis  # noqa: E402
 
 from volc_quota_guard import hook as hook_mod  # noqa: E402
 from volc_quota_guard import loglines  # noqa: E402
-from volc_quota_guard.calls import apply_output_cap  # noqa: E402
+from volc_quota_guard.admission import ROUTES, pin_output  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.deployments import (  # noqa: E402
     GuardConfigError,
@@ -61,19 +61,21 @@ def test_a_guarded_deployment_without_a_valid_pool_is_a_config_error() -> None:
         guard_for("volcengine/m-1", None, {"id": "d9", "vqg_account": "has space"})
 
 
-def test_output_cap_is_pinned_and_lowered_never_raised() -> None:
-    """Every cap field present is lowered to the grant; with none, the route's own field is set."""
+def test_output_cap_is_pinned_where_it_bounds_reasoning() -> None:
+    """Chat: one max_completion_tokens in extra_body, no max_tokens anywhere; responses: its own field."""
     kw: dict[str, Any] = {"max_tokens": 50, "max_completion_tokens": 900,
-                          "extra_body": {"max_tokens": 800}}
-    apply_output_cap(kw, 100, "acompletion")
-    assert (kw["max_tokens"], kw["max_completion_tokens"], kw["extra_body"]["max_tokens"]) == \
-        (50, 100, 100)
+                          "extra_body": {"max_tokens": 800, "thinking": {"type": "enabled"}}}
+    pin_output(kw, ROUTES["acompletion"], 100)
+    assert kw == {"extra_body": {"max_completion_tokens": 100, "thinking": {"type": "enabled"}}}
     kw = {}
-    apply_output_cap(kw, 100, "acompletion")
-    assert kw == {"max_tokens": 100}
-    kw = {}
-    apply_output_cap(kw, 100, "aresponses")
-    assert kw == {"max_output_tokens": 100}
+    pin_output(kw, ROUTES["acompletion"], 100)
+    assert kw == {"extra_body": {"max_completion_tokens": 100}}
+    kw = {"extra_body": {"max_output_tokens": 5000}}
+    pin_output(kw, ROUTES["aresponses"], 100)
+    assert kw == {"max_output_tokens": 100, "extra_body": {}}
+    kw = {"input": "x"}
+    pin_output(kw, ROUTES["aembedding"], 100)
+    assert kw == {"input": "x"}
 
 
 def test_retry_after_follows_the_wall() -> None:
@@ -175,8 +177,14 @@ def call(logging_obj: object | None = None, text: str = "hello", model_id: str =
             "litellm_call_id": params.pop("call_id", "call-1"),
             "litellm_logging_obj": logging_obj or types.SimpleNamespace(),
             "metadata": {"model_info": {"id": model_id, "vqg_account": "acct-a",
-                                        "max_output_tokens": 4096},
+                                        "max_output_tokens": 4096, "vqg_reasoning_tokens": 0},
                          "model_group": "g", "model_group_size": group_size}, **params}
+
+
+def upstream_cap(kw: dict[str, Any]) -> int:
+    """The cap the upstream will apply to answer + reasoning (what the hook pinned)."""
+    assert "max_tokens" not in kw and "max_tokens" not in kw.get("extra_body", {})
+    return int(kw["extra_body"]["max_completion_tokens"])
 
 
 def success_kwargs(kw: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -238,11 +246,11 @@ def test_short_headroom_clamps_the_output_cap(world: Callable[..., Any]) -> None
         state_holder = types.SimpleNamespace()
         kw = call(state_holder, max_tokens=4_000)
         out = await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
-        assert out is kw and 256 <= kw["max_tokens"] < 1_000
-        assert state_holder._vqg_state.clamped_to == kw["max_tokens"]
+        assert out is kw and 256 <= upstream_cap(kw) < 1_000
+        assert state_holder._vqg_state.clamped_to == upstream_cap(kw)
         headers = await w.guard.async_post_call_response_headers_hook(
             {"litellm_logging_obj": state_holder}, None, None)
-        assert headers == {hook_mod.CLAMP_HEADER: str(kw["max_tokens"])}
+        assert headers == {hook_mod.CLAMP_HEADER: str(upstream_cap(kw))}
         assert w.state()["inflight"] == 1_000
     world(scenario)
 
@@ -457,7 +465,7 @@ def test_prompts_are_reserved_times_the_pool_correction_which_measured_usage_rai
         await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
         res = next(iter(w.guard._reservations.values()))
         counted = res.input_tokens
-        assert counted > 500 and kw["max_tokens"] == 100
+        assert counted > 500 and upstream_cap(kw) == 100
         assert w.state()["inflight"] == -(-counted * 17 // 10) + 100
         measured = counted * 12 // 5
         await w.guard.async_log_success_event(success_kwargs(kw), response(measured, 90), None, None)

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from .deployments import guarded_deployments
 from .errors import ArkCallError
-from .estimate import count_input_sync
+from .estimate import count_chat
 from .outcome import UsageReading, read_usage
 
 DEFAULT_API_BASE = "https://ark.cn-beijing.volces.com/api/v3"  # LiteLLM's volcengine default
@@ -71,7 +71,7 @@ def targets_from_model_list(model_list: Iterable[Mapping[str, Any]],
 
 @cache
 def _filler_unit_tokens() -> int:
-    return max(1, count_input_sync({"messages": [{"role": "user", "content": _FILLER}]}) - 8)
+    return max(1, count_chat([{"role": "user", "content": _FILLER}], None) - 8)
 
 
 def consume_messages(prompt_tokens: int) -> tuple[list[dict[str, str]], int]:
@@ -83,7 +83,7 @@ def consume_messages(prompt_tokens: int) -> tuple[list[dict[str, str]], int]:
     units = max(0, prompt_tokens // _filler_unit_tokens())
     while True:
         messages = build(units)
-        counted = count_input_sync({"messages": messages})
+        counted = count_chat(messages, None)
         if counted <= prompt_tokens or units == 0:
             return messages, counted
         units = max(0, units - 1 - (counted - prompt_tokens) // _filler_unit_tokens())

@@ -13,11 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import estimate
 from .deployments import GuardedDeployment, guard_for, guard_for_deployment
 
 STASH_KEY = "vqg_reservations"  # model_id -> reservation id, in the call's metadata
-_CAP_PARAM = {"aresponses": "max_output_tokens", "responses": "max_output_tokens"}
 
 
 @dataclass
@@ -31,10 +29,11 @@ class Reservation:
     model_group: str
     call_id: str
     input_tokens: int
-    output_cap: int
+    output_cap: int  # per choice, answer + reasoning: what the upstream is capped at
     granted: int
-    clamped_to: int | None
+    clamped_to: int | None  # the lowered per-choice cap, when the headroom was short
     created: float = field(default_factory=time.monotonic)
+    choices: int = 1
     state: RequestState | None = field(default=None, repr=False)
     sent: bool = False  # LiteLLM announced the HTTP request to the upstream
 
@@ -126,23 +125,6 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
     return guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info)
 
 
-def apply_output_cap(kwargs: dict[str, Any], cap: int, call_type: str) -> None:
-    """Pin the upstream output cap to `cap` (what the reservation covers).
-
-    Every cap field the client set is lowered; when it set none, the route's own field is set,
-    so the upstream's default can never exceed the reservation.
-    """
-    pinned = False
-    extra = kwargs.get("extra_body")
-    for holder in (kwargs, extra if isinstance(extra, dict) else {}):
-        for name in estimate.OUTPUT_PARAMS:
-            if holder.get(name) is not None:
-                holder[name] = min(int(holder[name]), cap)
-                pinned = True
-    if not pinned:
-        kwargs[_CAP_PARAM.get(call_type, "max_tokens")] = cap
-
-
 def call_type_name(call_type: object) -> str:
     value = getattr(call_type, "value", call_type)
     return str(value) if value is not None else ""
@@ -174,3 +156,22 @@ def group_size(kwargs: Mapping[str, Any]) -> int | None:
         if isinstance(size, int):
             return size
     return None
+
+
+def upstream_response_id(response_id: object) -> str | None:
+    """The upstream's id of a Responses API response, whether LiteLLM encoded it or not.
+
+    The proxy hands clients ids that carry routing information and decodes a
+    ``previous_response_id`` before sending it on; records are kept under the upstream's id.
+    """
+    if not isinstance(response_id, str) or not response_id:
+        return None
+    try:
+        from litellm.responses.utils import ResponsesAPIRequestUtils
+
+        decoded = ResponsesAPIRequestUtils.decode_responses_api_response_id(response_id)
+        found = decoded.get("response_id") if isinstance(decoded, Mapping) else getattr(
+            decoded, "response_id", None)
+        return str(found) if found else response_id
+    except Exception:  # noqa: BLE001  not an encoded id
+        return response_id

@@ -45,12 +45,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 import litellm  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 
-from . import estimate, loglines, metrics, sync  # noqa: E402
+from . import admission, estimate, loglines, metrics, sync  # noqa: E402
 from .calls import (  # noqa: E402
     STASH_KEY,
     RequestState,
     Reservation,
-    apply_output_cap,
     call_type_name,
     group_size,
     guard_of_call,
@@ -60,6 +59,7 @@ from .calls import (  # noqa: E402
     model_group_of,
     model_info_of,
     request_state,
+    upstream_response_id,
     upstream_sent_usage,
 )
 from .config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
@@ -79,9 +79,7 @@ REFUSED_RETRY_AFTER_S = 60  # not evicted, just too big now: in-flight requests 
 FAR_FUTURE_MS = 2 * 86_400_000  # farther than this = "until the next snapshot"
 REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's deadline 4x
 CLAMP_HEADER = "x-vqg-clamped-max-tokens"
-_EMBEDDING_CALLS = {"aembedding", "embedding"}
-_STREAM_USAGE_CALLS = {"acompletion", "completion", "atext_completion", "text_completion"}
-_CHAT_CALLS = {"acompletion", "completion"}
+RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
 
 
 def _ensure_log_handler() -> None:
@@ -226,38 +224,38 @@ class QuotaGuard(CustomLogger):
         model = data.get("model")
         if router is None or not isinstance(model, str):
             return None
-        try:
-            _, found = router._common_checks_available_deployment(model=model, request_kwargs=data)
-        except Exception:  # noqa: BLE001  unknown model: the router answers it
+        if "," in model:  # LiteLLM's fan-out: one client request, several upstream calls
+            self._refuse_fan_out(router, model, data)
             return None
-        deployments = [found] if isinstance(found, dict) else list(found or [])
-        guards = []
-        for dep in deployments:
-            try:
-                guards.append(guard_for_deployment(dep))
-            except GuardConfigError:
-                guards.append(None)  # refused at the deployment gate with a clear message
-        guarded = [g for g in guards if g is not None]
+        guarded, all_guarded = _guards_of_group(router, model, data)
         if not guarded:
             return None
-        estimate.requested_output(data)  # a malformed request is the client's 400, before routing
-        if call_type in _CHAT_CALLS:
-            estimate.validate_messages(data)
-        if len(guarded) < len(deployments):
+        route = admission.route_of(call_type)  # a route the guard cannot settle is a 400 here
+        admission.validate(data, route)  # a malformed request is the client's 400, before routing
+        if not all_guarded:
             return None  # unguarded deployments remain: the filter routes around evicted pools
         evicted = await self.gate().evicted_until([g.pool for g in guarded])
         now = _now_ms()
         if all(until > now for until in evicted.values()):
-            await self._refuse_group(model, guarded, evicted, data, call_type)
+            await self._refuse_group(model, guarded, evicted, data, route)
         return None
+
+    @staticmethod
+    def _refuse_fan_out(router: Any, model: str, data: Mapping[str, Any]) -> None:
+        for name in (m.strip() for m in model.split(",")):
+            if name and _guards_of_group(router, name, data)[0]:
+                raise InvalidRequest("model", (
+                    f"model '{model}' names several models at once; '{name}' is a Volcengine model "
+                    "guarded by the free-quota guard, which reserves one upstream call per request: "
+                    "send one request per model"))
 
     async def _refuse_group(self, model: str, guarded: list[GuardedDeployment],
                             evicted: Mapping[str, int], data: Mapping[str, Any],
-                            call_type: str) -> None:
+                            route: admission.Route) -> None:
         from litellm.proxy.common_utils.proxy_rate_limit_error import ProxyRateLimitError
 
         wait = min(retry_after_s(u, _now_ms(), self._until_sync_s()) for u in evicted.values())
-        reserve = await self._least_for_log(data, call_type)
+        reserve = await self._least_for_log(data, route, guarded[0])
         metrics.blocked(g.pool for g in guarded)
         for g in guarded:
             d = await self.gate().status(g.pool)
@@ -268,12 +266,25 @@ class QuotaGuard(CustomLogger):
             detail={"error": _message(model, [g.pool for g in guarded], "evicted", wait)},
             headers={"retry-after": str(wait)}, model=model, llm_provider="volcengine")
 
-    async def _least_for_log(self, data: Mapping[str, Any], call_type: str) -> int:
+    async def _least_for_log(self, data: Mapping[str, Any], route: admission.Route,
+                             guard: GuardedDeployment) -> int:
         try:
-            inp = await estimate.count_input(data)
+            sizing = await self._size(data, route, self._limits(guard), None)
         except Exception:  # noqa: BLE001
             return 0
-        return inp if call_type in _EMBEDDING_CALLS else inp + MIN_OUTPUT_TOKENS
+        return sizing.input_tokens + sizing.least_output
+
+    def _limits(self, guard: GuardedDeployment) -> admission.Limits:
+        return admission.limits_for(guard.model_info, guard.upstream_model,
+                                    default_output=self.config.default_output_tokens,
+                                    min_output=MIN_OUTPUT_TOKENS)
+
+    @staticmethod
+    async def _size(params: Mapping[str, Any], route: admission.Route, limits: admission.Limits,
+                    chain: int | None) -> admission.Sizing:
+        if estimate.is_big(admission.upstream_view(params)):
+            return await asyncio.to_thread(admission.size, params, route, limits, chain)
+        return admission.size(params, route, limits, chain)
 
     # ---- routing ---------------------------------------------------------------------------
 
@@ -368,25 +379,20 @@ class QuotaGuard(CustomLogger):
             return None
         state = request_state(kwargs)
         group = model_group_of(kwargs)
-        live = state.live.get(guard.model_id)
-        if live is not None and live.rid in self._reservations:
-            return self._admit(kwargs, call_type, live)  # the hook runs twice on /v1/messages
-
         try:
-            if call_type in _CHAT_CALLS:
-                estimate.validate_messages(kwargs)
-            cap = estimate.output_cap(kwargs, estimate.model_max_output(guard.model_info,
-                                                                        guard.upstream_model),
-                                      self.config.default_output_tokens)
+            route = admission.route_of(call_type)
+            live = state.live.get(guard.model_id)
+            if live is not None and live.rid in self._reservations:
+                return self._admit(kwargs, route, live)  # the hook runs twice on /v1/messages
+            admission.validate(kwargs, route)
+            chain = await self._known_chain(guard, kwargs, route)
+            sizing = await self._size(kwargs, route, self._limits(guard), chain)
         except InvalidRequest as exc:
             raise litellm.MalformedRequestFieldError(
                 message=str(exc), model=group, llm_provider="volcengine",
                 body={"type": "invalid_request_error", "param": exc.param}) from None
-        inp = await estimate.count_input(kwargs)
-        embedding = call_type in _EMBEDDING_CALLS
-        out = 0 if embedding else cap.tokens
-        least_out = 0 if embedding else min(out, _min_output(guard.model_info))
-        if inp + least_out > MAX_REQUEST_TOKENS:
+        inp, out = sizing.input_tokens, sizing.output
+        if inp + sizing.least_output > MAX_REQUEST_TOKENS:
             raise litellm.MalformedRequestFieldError(
                 message=f"request too large: about {inp:,} input tokens", model=group,
                 llm_provider="volcengine", body={"type": "invalid_request_error", "param": "messages"})
@@ -394,7 +400,7 @@ class QuotaGuard(CustomLogger):
         rid = uuid.uuid4().hex  # never the client-settable call id: see docs/operating.md
         call_id = str(kwargs.get("litellm_call_id") or "")
         try:
-            d = await self.gate().reserve(guard.pool, rid, wanted, inp + least_out,
+            d = await self.gate().reserve(guard.pool, rid, wanted, inp + sizing.least_output,
                                           self.config.reservation_ttl_seconds * 1000, input_tokens=inp)
         except (StoreUnavailable, GateError) as exc:
             if self.fail_open:
@@ -405,19 +411,35 @@ class QuotaGuard(CustomLogger):
             raise self._store_down(group, exc) from None
         metrics.reserved(guard.pool, d, out)
         if not d.admitted:  # what it needed: the prompt as the gate holds it (k applied) + least output
-            self._refuse(kwargs, guard, group, state, d, max(d.input_reserved, inp) + least_out, call_id)
+            self._refuse(kwargs, guard, group, state, d,
+                         max(d.input_reserved, inp) + sizing.least_output, call_id)
         granted_out = max(d.amount - d.input_reserved, 0)  # the input is held times the pool's k
+        per_choice = sizing.per_choice_for(granted_out)
         res = Reservation(rid, guard.pool, guard.model_id, guard.upstream_model, group, call_id,
-                          inp, out, d.amount, granted_out if granted_out < out else None,
-                          state=state)
+                          inp, sizing.per_choice, d.amount,
+                          per_choice if per_choice < sizing.per_choice else None,
+                          state=state, choices=sizing.choices)
         self._remember(res)
         state.live[guard.model_id] = res
         if res.clamped_to is not None:
             state.clamped_to = res.clamped_to
             log.warning("✂️ [CLAMP] %s max_tokens %d -> %d (headroom %s) pool=%s group=%s call=%s",
-                        guard.upstream_model, out, granted_out, f"{d.headroom + d.amount:,}",
-                        guard.pool, group, call_id)
-        return self._admit(kwargs, call_type, res)
+                        guard.upstream_model, sizing.per_choice, per_choice,
+                        f"{d.headroom + d.amount:,}", guard.pool, group, call_id)
+        return self._admit(kwargs, route, res)
+
+    async def _known_chain(self, guard: GuardedDeployment, kwargs: Mapping[str, Any],
+                           route: admission.Route) -> int | None:
+        """What the guard recorded for the stored conversation a follow-up names."""
+        if route.kind != "responses":
+            return None
+        prev = upstream_response_id(admission.upstream_view(kwargs).get("previous_response_id"))
+        if prev is None:
+            return None
+        try:
+            return await self.gate().response_chain(guard.pool, prev)
+        except ValueError:
+            return None
 
     def _refuse(self, kwargs: Mapping[str, Any], guard: GuardedDeployment, group: str,
                 state: RequestState, d: Decision, least: int, call_id: str) -> None:
@@ -436,11 +458,9 @@ class QuotaGuard(CustomLogger):
                            headers={"retry-after": str(wait)},
                            num_retries=0 if (size is None or size <= 1 or tried_all) else None)
 
-    def _admit(self, kwargs: dict[str, Any], call_type: str, res: Reservation) -> dict[str, Any]:
-        if res.output_cap > 0:
-            apply_output_cap(kwargs, res.output_cap if res.clamped_to is None else res.clamped_to,
-                             call_type)
-        if kwargs.get("stream") is True and call_type in _STREAM_USAGE_CALLS:
+    def _admit(self, kwargs: dict[str, Any], route: admission.Route, res: Reservation) -> dict[str, Any]:
+        admission.pin_output(kwargs, route, res.output_cap if res.clamped_to is None else res.clamped_to)
+        if kwargs.get("stream") is True and route.kind == "chat":
             options = kwargs.get("stream_options")
             options = dict(options) if isinstance(options, Mapping) else {}
             options["include_usage"] = True  # without it a stream reports 0/0 usage
@@ -543,6 +563,16 @@ class QuotaGuard(CustomLogger):
         measured_input = reading.prompt if reading.source == "measured" else None
         d = await self.gate().settle(res.pool, res.rid, actual, measured_input)
         self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
+        await self._remember_stored(res, response_obj, reading.prompt + reading.completion
+                                    if reading.source == "measured" else res.granted)
+
+    async def _remember_stored(self, res: Reservation, response_obj: Any, tokens: int) -> None:
+        """A Responses API answer may be stored: its conversation's size sizes follow-ups."""
+        if getattr(response_obj, "object", None) != "response":
+            return
+        rid = upstream_response_id(getattr(response_obj, "id", None))
+        if rid is not None and tokens > 0:
+            await self.gate().remember_response(res.pool, rid, tokens, RESPONSE_RECORD_S)
 
     async def async_post_call_failure_deployment_hook(self, request_data: Mapping[str, object],
                                                       exception: Exception, call_type: Any,
@@ -602,11 +632,22 @@ class QuotaGuard(CustomLogger):
         (log.warning if d.overrun else log.info)(line)
 
 
-def _min_output(model_info: Mapping[str, Any]) -> int:
-    value = model_info.get("vqg_min_output_tokens")
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return MIN_OUTPUT_TOKENS
+def _guards_of_group(router: Any, model: str, data: Mapping[str, Any]
+                     ) -> tuple[list[GuardedDeployment], bool]:
+    """The guarded deployments of a model group, and whether every deployment is guarded."""
+    try:
+        _, found = router._common_checks_available_deployment(model=model, request_kwargs=data)
+    except Exception:  # noqa: BLE001  unknown model: the router answers it
+        return [], False
+    deployments = [found] if isinstance(found, dict) else list(found or [])
+    guards = []
+    for dep in deployments:
+        try:
+            guards.append(guard_for_deployment(dep))
+        except GuardConfigError:
+            guards.append(None)  # refused at the deployment gate with a clear message
+    guarded = [g for g in guards if g is not None]
+    return guarded, len(guarded) == len(deployments)
 
 
 def _start_sync(config: Settings) -> None:

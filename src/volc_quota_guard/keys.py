@@ -98,5 +98,12 @@ class KeySpace:
         ``<day>:task`` (the task's own), and ``first_day`` of the history, for the forecast."""
         return f"{self.prefix}:{{{validate_pool(pool)}}}:consume_hist"
 
+    def response_chain(self, pool: str, response_id: str) -> str:
+        """String: tokens Ark re-reads as input when a request names this stored response
+        (``previous_response_id``); expires with Ark's storage."""
+        if not 1 <= len(response_id) <= 512:
+            raise ValueError("response id must be 1-512 characters")
+        return f"{self.prefix}:{{{validate_pool(pool)}}}:resp:{response_id}"
+
     def pattern(self) -> str:
         return f"{self.prefix}:*"

@@ -223,7 +223,12 @@ class SyncService:
     def tick(self) -> list[SyncOutcome]:
         """One pass over every account: sync those that are due (the thread calls this)."""
         by_account: dict[str, list[PoolSpec]] = defaultdict(list)
-        for spec in self.pools():
+        try:
+            specs = self.pools()
+        except Exception:  # noqa: BLE001  the thread must outlive a config it cannot read
+            log.exception("❌ [Sync] cannot read the guarded pools; will retry")
+            specs = []
+        for spec in specs:
             by_account[spec.account].append(spec)
         outcomes = []
         for account, specs in sorted(by_account.items()):
@@ -273,7 +278,25 @@ def _router_pools() -> list[PoolSpec]:
     router = getattr(proxy_server, "llm_router", None)
     if router is None:
         return []
-    return pools_from_model_list(router.model_list)
+    usable = []
+    for deployment in router.model_list:
+        try:
+            pools_from_model_list([deployment])
+        except QuotaGuardError as exc:  # e.g. a `volcengine/*` wildcard names no pool
+            _warn_once(f"❌ [Sync] deployment skipped, its pool cannot be synced (requests to it are "
+                       f"refused): {exc}")
+            continue
+        usable.append(deployment)
+    return pools_from_model_list(usable)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.error(message)
 
 
 def start_in_proxy(cfg: Settings) -> SyncService | None:

@@ -57,7 +57,8 @@ def build_config(fake_url: str, closed_port: int) -> dict[str, Any]:
         {"model_name": "solo",  # one deployment, no fallback: a refusal reaches the client
          "litellm_params": {"model": "volcengine/solo-model-260101", "api_base": ark,
                             "api_key": "os.environ/ARK_API_KEY_ACCT_C"},
-         "model_info": {"id": "solo@acct-c", "vqg_account": "acct-c", "max_output_tokens": 4096}},
+         "model_info": {"id": "solo@acct-c", "vqg_account": "acct-c", "max_output_tokens": 4096,
+                        "vqg_reasoning_tokens": 0}},  # a model without deep thinking
         {"model_name": "nosnap",  # a pool that never had a snapshot
          "litellm_params": {"model": "volcengine/nosnap-model-260101", "api_base": ark,
                             "api_key": "os.environ/ARK_API_KEY_ACCT_C"},

@@ -28,6 +28,7 @@ from proxy_support import (
     stop_proxy,
 )
 
+
 from volc_quota_guard.clock import next_beijing_midnight_ms
 from volc_quota_guard.fake import FakeVolcengine
 
@@ -172,7 +173,7 @@ def test_clamp_lowers_the_upstream_max_tokens_and_says_so(proxy: Proxy) -> None:
     assert r.status_code == 200, r.text
     clamped = int(r.headers["x-vqg-clamped-max-tokens"])
     [record] = proxy.fake.chat_requests()
-    assert record.max_tokens == clamped < 1_500
+    assert record.max_completion_tokens == clamped < 1_500 and record.max_tokens is None
     assert r.json()["usage"]["completion_tokens"] == clamped
     assert f"-> {clamped}" in proxy.wait_for_log(rf"CLAMP.*call={cid}")[0]
     usage_line(proxy, cid)
@@ -181,10 +182,12 @@ def test_clamp_lowers_the_upstream_max_tokens_and_says_so(proxy: Proxy) -> None:
 
 
 def test_client_without_max_tokens_gets_the_reserved_cap_pinned(proxy: Proxy) -> None:
-    """With no client max_tokens the upstream still gets the reserved cap, so output cannot outrun it."""
+    """With no client max_tokens the upstream still gets the reserved cap (answer + reasoning
+    allowance, as max_completion_tokens), so output cannot outrun it."""
     cid = call_id()
     assert ask(proxy, "solo", cid=cid).status_code == 200
-    assert [r.max_tokens for r in proxy.fake.chat_requests()] == [4096]  # model_info.max_output_tokens
+    assert [(r.max_tokens, r.max_completion_tokens) for r in proxy.fake.chat_requests()] == [
+        (None, 4096)]  # model_info.max_output_tokens (solo has no reasoning allowance)
 
 
 # ---- routing ---------------------------------------------------------------------------------
@@ -226,7 +229,7 @@ def test_64_concurrent_requests_near_the_wall_never_overrun(proxy: Proxy) -> Non
     def one(i: int) -> tuple[str, int]:
         cid = call_id()
         return cid, ask(proxy, "deepseek-v4-flash", f"request {i} [[fake completion=1000]]",
-                        cid=cid, max_tokens=1_000).status_code
+                        cid=cid, max_tokens=1_000, thinking={"type": "disabled"}).status_code
 
     with ThreadPoolExecutor(64) as pool:
         results = list(pool.map(one, range(64)))

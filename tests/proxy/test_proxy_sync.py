@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -22,9 +23,35 @@ def synced(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store
     fake.add_package(POOL_B, 40_000)
     fake.add_package(POOL_DOUBAO, 20_000)
     env = sync_env(fake, VQG_EVICT_BELOW="3000")
-    p = start_proxy(tmp_path_factory.mktemp("sync"), fake, store_url, prefix, env=env)
+    p = start_proxy(tmp_path_factory.mktemp("sync"), fake, store_url, prefix, env=env,
+                    config=_with_wildcard)
     yield p
     stop_proxy(p)
+
+
+def _with_wildcard(config: dict[str, Any]) -> dict[str, Any]:
+    """A `volcengine/*` wildcard deployment: it names no pool the sync could read."""
+    config["model_list"].append({
+        "model_name": "volcengine/*",
+        "litellm_params": {"model": "volcengine/*", "api_base": "os.environ/VOLCENGINE_API_BASE",
+                           "api_key": "os.environ/ARK_API_KEY_ACCT_A"},
+        "model_info": {"id": "wildcard@acct-a", "vqg_account": "acct-a"}})
+    return config
+
+
+def test_a_wildcard_deployment_is_skipped_by_the_sync_and_refused_by_the_gate(synced: Proxy) -> None:
+    """The sync thread logs the wildcard once and keeps syncing the other pools; a request routed
+    to the wildcard is a clear 400, never an unguarded pass."""
+    synced.wait_for_log(r"deployment skipped, its pool cannot be synced")
+    synced.wait_for_log(rf"\[Sync\] {POOL_A}: Bal=")
+    before = len(synced.fake.chat_requests())
+    with pytest.raises(openai.BadRequestError, match="quota guard misconfigured"):
+        synced.client().chat.completions.create(
+            model="volcengine/some-model-260101", max_tokens=10,
+            messages=[{"role": "user", "content": "hi"}])
+    assert len(synced.fake.chat_requests()) == before
+    assert "unexpected error" not in synced.log()
+    assert "cannot read the guarded pools" not in synced.log()
 
 
 def test_sync_thread_installs_snapshots_and_traffic_stops_before_billing(synced: Proxy) -> None:

@@ -1,0 +1,444 @@
+"""The one admission rule: what a request may bill on Ark, sized from the request Ark receives.
+
+LiteLLM sends Ark the client's fields with ``extra_body`` merged over them last (and moves
+fields it does not know into ``extra_body``), so the sizing reads that merged *upstream view*,
+never the client's top-level fields alone. What Ark bills (shared/ref/ARK.md, docs/gate.md):
+
+- input: messages, tools, input items, instructions, prompt, system — tokenized; media at
+  Ark's image formula (`media.py`); a stored conversation re-read through
+  ``previous_response_id``; any other field Ark receives is bounded by its UTF-8 byte size;
+- output: ``n`` × (answer + reasoning). On chat, ``max_tokens`` caps only the answer and
+  reasoning is capped only by ``max_completion_tokens`` (which may not be sent with
+  ``max_tokens``), so the guard pins ``max_completion_tokens`` — per choice, answer plus a
+  reasoning allowance — and removes ``max_tokens``; on the Responses API ``max_output_tokens``
+  already covers both.
+
+A billable field the guard cannot bound is an `InvalidRequest` (HTTP 400 naming the field).
+`size` is pure (no I/O): the hook, the consume task and the simulator size with it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from . import estimate, media
+from .estimate import InvalidRequest
+
+Kind = Literal["chat", "responses", "embedding", "messages"]
+
+MAX_CHOICES = 16  # n above this is a 400: n × output is too much to hold for one request
+ARK_MAX_COMPLETION_TOKENS = 65_536  # Ark's range for max_completion_tokens
+MAX_OUTPUT_TOKENS = estimate.MAX_OUTPUT_TOKENS
+DEFAULT_REASONING_TOKENS = 8_192  # reasoning allowance when a deployment does not say
+OUTPUT_PARAMS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the guard reads and caps one LiteLLM call type."""
+
+    kind: Kind
+    cap_field: str | None  # the upstream field that bounds answer + reasoning (None: no output)
+    text_fields: tuple[str, ...]  # fields the tokenizer counts
+
+
+_CHAT = Route("chat", "max_completion_tokens", ("messages",))
+_RESPONSES = Route("responses", "max_output_tokens", ("input", "instructions"))
+_EMBEDDING = Route("embedding", None, ("input",))
+_MESSAGES = Route("messages", "max_tokens", ("messages", "system"))
+
+# LiteLLM call type -> route. A guarded deployment refuses every other call type (batches,
+# generateContent, realtime and WebSocket sessions): the guard could not settle what they bill.
+ROUTES: dict[str, Route] = {
+    "acompletion": _CHAT, "completion": _CHAT,
+    "aresponses": _RESPONSES, "responses": _RESPONSES,
+    "aembedding": _EMBEDDING, "embedding": _EMBEDDING,
+    "anthropic_messages": _MESSAGES,
+}
+
+# Fields Ark receives that carry no billable text (numbers, switches, small enums).
+_UNBILLED = frozenset({
+    "model", "stream", "stream_options", "temperature", "top_p", "n", "stop", "seed", "user",
+    "logprobs", "top_logprobs", "thinking", "reasoning_effort", "reasoning", "frequency_penalty",
+    "presence_penalty", "logit_bias", "service_tier", "parallel_tool_calls", "store",
+    "truncation", "include", "encoding_format", "dimensions", "top_k", "max_retries",
+    "extra_headers", "timeout", "background", "previous_response_id",
+    "tool_choice", "caching", "expire_at", "prompt_cache_key", "safety_identifier",
+    *OUTPUT_PARAMS,
+})
+# Server-side context the guard cannot size (it never saw it being built).
+_UNBOUNDED_CONTEXT = ("conversation", "context_id")
+_internal: frozenset[str] | None = None
+
+
+def _internal_params() -> frozenset[str]:
+    """LiteLLM's own kwargs (routing, logging, credentials): never sent upstream as body fields."""
+    global _internal
+    if _internal is None:
+        from litellm.types.utils import all_litellm_params
+
+        _internal = frozenset(all_litellm_params) | {
+            "extra_body", "litellm_parent_otel_span", "user_api_key_dict", "model_group_size",
+            "litellm_trace_id", "litellm_session_id", "deployment", "request_timeout",
+            "litellm_request_debug", "secret_fields", "proxy_server_request", "custom_llm_provider",
+            "api_version", "headers", "client", "aresponses", "acompletion", "aembedding",
+        }
+    return _internal
+
+
+def route_of(call_type: str) -> Route:
+    """The route of a call type; a call type the guard cannot settle is the client's 400."""
+    found = ROUTES.get(call_type)
+    if found is None:
+        raise InvalidRequest(
+            "route", f"this route ({call_type or 'unknown'}) is not served for Volcengine deployments "
+                     "guarded by the free-quota guard: its usage cannot be reserved and settled; "
+                     "use /v1/chat/completions, /v1/responses, /v1/embeddings or /v1/messages")
+    return found
+
+
+def upstream_view(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The body fields Ark will receive: the call's own fields with ``extra_body`` merged over."""
+    internal = _internal_params()
+    view = {k: v for k, v in params.items() if k not in internal}
+    extra = params.get("extra_body")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise InvalidRequest("extra_body", "extra_body must be an object")
+    if isinstance(extra, Mapping):
+        view.update(extra)
+    return view
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a deployment allows: from its ``model_info`` and the guard's settings."""
+
+    model_max_output: int | None
+    default_output: int
+    reasoning_tokens: int  # allowance added to an answer-only cap while thinking is possible
+    min_output: int
+    context_window: int | None = None  # for a stored conversation the guard never saw
+    media_part_tokens: int | None = None  # the operator's bound per video / audio / file part
+
+
+def limits_for(model_info: Mapping[str, Any], upstream_model: str, *, default_output: int,
+               min_output: int) -> Limits:
+    """A deployment's limits: ``model_info`` keys, else LiteLLM's model map, else the defaults."""
+    def positive(name: str) -> int | None:
+        value = model_info.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+    reasoning = positive("vqg_reasoning_tokens")
+    return Limits(
+        model_max_output=estimate.model_max_output(model_info, upstream_model),
+        default_output=default_output,
+        reasoning_tokens=DEFAULT_REASONING_TOKENS if reasoning is None else reasoning,
+        min_output=positive("vqg_min_output_tokens") or min_output,
+        context_window=positive("max_input_tokens") or _mapped_context(upstream_model),
+        media_part_tokens=positive("vqg_media_part_tokens") or None,
+    )
+
+
+def _mapped_context(upstream_model: str) -> int | None:
+    import litellm
+
+    try:
+        info = litellm.get_model_info(f"volcengine/{upstream_model}")
+    except Exception:  # noqa: BLE001  unmapped models raise a bare Exception
+        return None
+    value = info.get("max_input_tokens")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What one upstream call may bill: input, and ``choices`` × ``per_choice`` output."""
+
+    input_tokens: int
+    per_choice: int  # the output cap pinned upstream (answer + reasoning); 0 = no output
+    choices: int
+    least_per_choice: int  # a clamp below this is useless: refuse instead
+    reasoning: int  # the allowance inside per_choice
+    chain_tokens: int = 0  # the stored conversation re-read through previous_response_id
+
+    @property
+    def output(self) -> int:
+        return self.per_choice * self.choices
+
+    @property
+    def least_output(self) -> int:
+        return self.least_per_choice * self.choices
+
+    def per_choice_for(self, granted_output: int) -> int:
+        """The per-choice cap a grant of ``granted_output`` output tokens allows."""
+        return min(self.per_choice, granted_output // self.choices) if self.choices else 0
+
+
+def _cap(view: Mapping[str, Any], name: str) -> int | None:
+    value = view.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest(name, f"{name} must be a positive integer, got {value!r:.40}")
+    if value > MAX_OUTPUT_TOKENS:
+        raise InvalidRequest(name, f"{name}={value} is larger than any model allows "
+                                   f"(at most {MAX_OUTPUT_TOKENS:,})")
+    return value
+
+
+def choices(view: Mapping[str, Any]) -> int:
+    value = view.get("n", 1)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        raise InvalidRequest("n", f"n must be an integer from 1 to {MAX_CHOICES} for a guarded "
+                                  f"deployment (each choice bills its own output), got {value!r:.40}")
+    return value
+
+
+def thinking_possible(view: Mapping[str, Any]) -> bool:
+    """False only when the request switches deep thinking off; Ark's default is model-dependent."""
+    thinking = view.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
+        return False
+    if view.get("reasoning_effort") == "minimal":
+        return False
+    reasoning = view.get("reasoning")
+    return not (isinstance(reasoning, Mapping) and reasoning.get("effort") == "minimal")
+
+
+def plan_output(*, answer_cap: int | None, total_cap: int | None, thinking: bool, limits: Limits,
+                n: int, ceiling: int | None) -> tuple[int, int]:
+    """(per-choice cap that bounds answer + reasoning, the reasoning allowance inside it).
+
+    A total cap (``max_completion_tokens`` / ``max_output_tokens``) already bounds reasoning;
+    an answer-only cap (``max_tokens``), or none, gets the allowance while thinking is possible.
+    """
+    allowance = limits.reasoning_tokens if thinking else 0
+    if total_cap is not None:
+        per, allowance = total_cap, 0
+        if answer_cap is not None:
+            per = min(per, answer_cap + (limits.reasoning_tokens if thinking else 0))
+    else:
+        answer = answer_cap if answer_cap is not None else (limits.model_max_output
+                                                            or limits.default_output)
+        if limits.model_max_output:
+            answer = min(answer, limits.model_max_output)
+        per = answer + allowance
+    if ceiling is not None:
+        per = min(per, ceiling)
+    return max(per, 1), allowance
+
+
+def validate(params: Mapping[str, Any], route: Route) -> None:
+    """The cheap checks of a request's own fields (before routing): caps, ``n``, messages."""
+    view = upstream_view(params)
+    for name in _UNBOUNDED_CONTEXT:
+        if view.get(name) is not None:
+            raise InvalidRequest(name, f"{name}: server-side context the guard cannot size; "
+                                       "send the conversation in the request instead")
+    for name in OUTPUT_PARAMS:
+        _cap(view, name)
+    if route.kind == "chat":
+        choices(view)
+    if route.kind in ("chat", "messages"):
+        estimate.validate_messages(view)
+
+
+def size(params: Mapping[str, Any], route: Route, limits: Limits,
+         chain_tokens: int | None = None) -> Sizing:
+    """Size one upstream call from its LiteLLM kwargs (or an SDK-style request body).
+
+    ``chain_tokens`` is what the guard recorded for the ``previous_response_id`` the request
+    names (None: not one the guard has seen).
+    """
+    validate(params, route)
+    view = upstream_view(params)
+    inp = count_input(view, route, limits)
+    chain = 0
+    if route.kind == "responses" and view.get("previous_response_id") is not None:
+        chain = _chain(view["previous_response_id"], chain_tokens, limits)
+    inp += chain
+    if route.cap_field is None:
+        return Sizing(inp, 0, 1, 0, 0, chain)
+    n = choices(view) if route.kind == "chat" else 1
+    think = thinking_possible(view)
+    if route.kind == "chat":
+        answer, total = _cap(view, "max_tokens"), _cap(view, "max_completion_tokens")
+        ceiling: int | None = ARK_MAX_COMPLETION_TOKENS
+    elif route.kind == "responses":
+        answer, total, ceiling = None, _cap(view, "max_output_tokens"), None
+    else:  # /v1/messages: max_tokens is the answer; LiteLLM sends it on as a chat call
+        answer, total, ceiling = _cap(view, "max_tokens"), None, ARK_MAX_COMPLETION_TOKENS
+    per, allowance = plan_output(answer_cap=answer, total_cap=total, thinking=think,
+                                 limits=limits, n=n, ceiling=ceiling)
+    return Sizing(inp, per, n, min(per, limits.min_output), allowance, chain)
+
+
+def _chain(response_id: object, known: int | None, limits: Limits) -> int:
+    if not isinstance(response_id, str) or not response_id:
+        raise InvalidRequest("previous_response_id", "previous_response_id must be a string")
+    if known is not None:
+        return known
+    if limits.context_window:
+        return limits.context_window  # a stored conversation cannot exceed the model's context
+    raise InvalidRequest(
+        "previous_response_id", f"previous_response_id {response_id[:64]!r} was not answered "
+        "through this guard (or its record expired), and the model's context window is unknown, "
+        "so the stored conversation Ark would re-read cannot be sized; resend the conversation as "
+        "input, or set model_info.max_input_tokens")
+
+
+def count_input(view: Mapping[str, Any], route: Route, limits: Limits) -> int:
+    """Input tokens of the upstream view: tokenized text, media, and the rest as bytes."""
+    total = 0
+    if route.kind in ("chat", "messages"):
+        total += _messages(list(view.get("messages") or ()), view.get("tools"), limits)
+    for name in route.text_fields:
+        if name == "messages":
+            continue
+        value = view.get(name)
+        if value is not None:
+            total += _text_field(name, value, limits)
+    for name, value in view.items():  # anything else Ark receives: its bytes bound its tokens
+        if name in route.text_fields or name in _UNBILLED or (name == "tools" and route.kind != "responses"):
+            continue
+        if value is None or isinstance(value, bool | int | float):
+            continue
+        total += _byte_bound(value)
+    return max(total, 1)
+
+
+def _byte_bound(obj: object) -> int:
+    return len(json.dumps(obj, default=str, ensure_ascii=False).encode())
+
+
+def _messages(messages: list[Any], tools: object, limits: Limits) -> int:
+    plain: list[dict[str, Any]] = []
+    media_tokens = 0
+    for i, msg in enumerate(messages):
+        text, extra = _parts(msg.get("content"), f"messages[{i}].content", limits)
+        media_tokens += extra
+        clean = {k: v for k, v in msg.items() if k != "content"}
+        clean["content"] = text
+        plain.append(clean)
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("tools", "tools must be a list")
+    try:
+        counted = estimate.count_chat(plain, tools or None)
+    except Exception:  # noqa: BLE001  odd message fields: their bytes bound their tokens
+        counted = _byte_bound(plain) + _byte_bound(tools or [])
+    return counted + media_tokens
+
+
+_TEXT_PARTS = {"text", "input_text", "output_text"}
+_IMAGE_PARTS = {"image_url", "input_image", "image"}
+# Parts of text and structure (tool calls, tool results, thinking): bounded by their bytes.
+_STRUCT_PARTS = {"tool_use", "tool_result", "thinking", "redacted_thinking", "refusal",
+                 "function_call", "function_call_output"}
+_MEDIA_PARTS = {"video_url", "input_video", "video", "audio_url", "input_audio", "audio", "file",
+                "input_file", "file_url", "document"}
+
+
+def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
+    """(the text for the tokenizer, tokens of media parts) of one message's content."""
+    if content is None:
+        return "", 0
+    if isinstance(content, str):
+        return content, 0
+    if not isinstance(content, list):
+        raise InvalidRequest(where.split("[")[0], f"{where} must be a string or a list of parts")
+    texts: list[str] = []
+    tokens = 0
+    for j, part in enumerate(content):
+        field = f"{where}[{j}]"
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):  # type: ignore[union-attr]
+            texts.append(part["text"])  # type: ignore[index]
+        elif kind in _IMAGE_PARTS:
+            try:
+                tokens += media.image_tokens(part)  # type: ignore[arg-type]
+            except media.MediaError as exc:
+                raise InvalidRequest(field, f"{field}: {exc}") from None
+            texts.append(_residue(part, ("type", "image_url", "url", "detail", "image_pixel_limit")))
+        elif kind in _MEDIA_PARTS:
+            if not limits.media_part_tokens:
+                raise InvalidRequest(field, f"{field} is a {kind} part: Ark bills it by content the "
+                                            "guard cannot measure; the deployment must declare "
+                                            "model_info.vqg_media_part_tokens to allow it")
+            tokens += limits.media_part_tokens + _byte_bound(part) // 4
+        elif kind in _STRUCT_PARTS:
+            tokens += _byte_bound(part)
+        else:
+            raise InvalidRequest(field, f"{field}: content part type {kind!r:.40} cannot be sized "
+                                        "by the guard")
+    return "\n".join(t for t in texts if t), tokens
+
+
+def _residue(part: Mapping[str, Any], known: tuple[str, ...]) -> str:
+    rest = {k: v for k, v in part.items() if k not in known}
+    return json.dumps(rest, ensure_ascii=False) if rest else ""
+
+
+def _text_field(name: str, value: object, limits: Limits) -> int:
+    """A Responses / embeddings / Anthropic text field: a string, strings, or items with content."""
+    if isinstance(value, str):
+        return estimate.count_text(value)
+    if isinstance(value, list):
+        total = 0
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                total += estimate.count_text(item)
+            elif isinstance(item, int) and not isinstance(item, bool):
+                total += 1  # a token id
+            elif isinstance(item, list) and all(isinstance(t, int) for t in item):
+                total += len(item)  # a list of token ids
+            elif isinstance(item, Mapping):
+                total += _item(f"{name}[{i}]", item, limits)
+            else:
+                raise InvalidRequest(name, f"{name}[{i}] cannot be sized by the guard")
+        return total
+    raise InvalidRequest(name, f"{name} must be a string or a list")
+
+
+def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
+    """A Responses input item: a message (content string or parts) or a tool call / output."""
+    content = item.get("content")
+    if content is not None or item.get("type") in (None, "message"):
+        if item.get("type") in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
+            text, tokens = _parts([item], where, limits)
+        else:
+            text, tokens = _parts(content, f"{where}.content", limits)
+        rest = {k: v for k, v in item.items() if k not in ("content", "type", "role")}
+        return estimate.count_text(text) + tokens + (_byte_bound(rest) if rest else 0) + 4
+    return _byte_bound(item)
+
+
+def pin_output(kwargs: dict[str, Any], route: Route, per_choice: int) -> None:
+    """Make the upstream cap what the reservation covers: ``per_choice`` answer + reasoning.
+
+    Chat: ``max_completion_tokens`` in ``extra_body`` (LiteLLM's volcengine provider renames a
+    top-level one to ``max_tokens``, which would not cap reasoning) and no ``max_tokens`` anywhere
+    (Ark refuses the two together). Other routes: their own field, set at the top level, and
+    removed from ``extra_body`` so nothing overrides it.
+    """
+    if route.cap_field is None:
+        return
+    extra = kwargs.get("extra_body")
+    extra = dict(extra) if isinstance(extra, Mapping) else {}
+    for name in OUTPUT_PARAMS:
+        extra.pop(name, None)
+    if route.kind == "chat":
+        for name in OUTPUT_PARAMS:
+            kwargs.pop(name, None)
+        extra["max_completion_tokens"] = per_choice
+    else:
+        kwargs[route.cap_field] = per_choice
+    if extra or "extra_body" in kwargs:
+        kwargs["extra_body"] = extra

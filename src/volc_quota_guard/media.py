@@ -1,0 +1,131 @@
+"""What Ark bills for a media part of a request (docs/gate.md#media).
+
+Images: ``min(ceil(w × h / 784), max)`` tokens, max 1,312 for ``detail: low`` and 5,120 for
+``high``, after Ark scales the image down to at most 1,048,576 px (low) or 4,014,080 px (high).
+``image_pixel_limit.max_pixels`` moves that bound. The guard reads width and height from a data
+URL's header bytes; for an image by URL (which the guard cannot see) it takes the maximum.
+Where Ark's default detail is uncertain, the expensive reading (``high``) is taken.
+
+Video, audio and files are billed by content the guard cannot measure: such a part is refused
+unless the deployment declares a per-part bound (``model_info.vqg_media_part_tokens``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import struct
+from collections.abc import Mapping
+
+PIXELS_PER_TOKEN = 784
+MAX_TOKENS = {"low": 1_312, "high": 5_120}
+MAX_PIXELS = {"low": 1_048_576, "high": 4_014_080}
+HEADER_BYTES = 64 * 1024  # enough of the image to find its size (JPEG may carry EXIF first)
+
+
+class MediaError(ValueError):
+    """A media part the guard cannot bound; the message says why."""
+
+
+def image_tokens(part: Mapping[str, object]) -> int:
+    """Tokens Ark bills for one image part (OpenAI chat ``image_url`` or Responses ``input_image``)."""
+    url, detail, limit = _image_fields(part)
+    level = "low" if detail == "low" else "high"
+    cap_pixels = MAX_PIXELS[level]
+    if limit is not None:
+        cap_pixels = limit
+    most = max(MAX_TOKENS[level], math.ceil(cap_pixels / PIXELS_PER_TOKEN))
+    size = data_url_size(url) if url.startswith("data:") else None
+    if size is None:
+        return most  # a remote image (or unreadable data): the most Ark can bill for it
+    w, h = size
+    pixels = min(w * h, cap_pixels)  # scaled down to the bound first
+    return min(math.ceil(pixels / PIXELS_PER_TOKEN), most)
+
+
+def _image_fields(part: Mapping[str, object]) -> tuple[str, str, int | None]:
+    raw = part.get("image_url", part.get("url"))
+    detail = part.get("detail")
+    source = part.get("source")  # Anthropic: {"type": "base64", "media_type", "data"} or a url
+    if raw is None and isinstance(source, Mapping):
+        raw = source.get("url") if source.get("type") == "url" else (
+            f"data:{source.get('media_type')};base64,{source.get('data')}")
+    if isinstance(raw, Mapping):
+        detail = raw.get("detail", detail)
+        raw = raw.get("url")
+    if not isinstance(raw, str) or not raw:
+        raise MediaError("an image part needs a url")
+    limit = part.get("image_pixel_limit")
+    nested = part.get("image_url")
+    if isinstance(nested, Mapping):
+        limit = nested.get("image_pixel_limit", limit)
+    max_pixels: int | None = None
+    if limit is not None:
+        value = limit.get("max_pixels") if isinstance(limit, Mapping) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MediaError("image_pixel_limit needs an integer max_pixels the guard can bound")
+        max_pixels = value
+    return raw, str(detail or "high"), max_pixels
+
+
+def data_url_size(url: str) -> tuple[int, int] | None:
+    """(width, height) of a base64 data URL's PNG, JPEG, GIF or WebP image, else None."""
+    head, sep, payload = url.partition(",")
+    if not sep or ";base64" not in head:
+        return None
+    chunk = payload[: HEADER_BYTES * 4 // 3 + 4]
+    chunk = chunk[: len(chunk) - len(chunk) % 4]
+    try:
+        data = base64.b64decode(chunk, validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    return _png(data) or _gif(data) or _webp(data) or _jpeg(data)
+
+
+def _png(b: bytes) -> tuple[int, int] | None:
+    if b[:8] == b"\x89PNG\r\n\x1a\n" and len(b) >= 24:
+        w, h = struct.unpack(">II", b[16:24])
+        return int(w), int(h)
+    return None
+
+
+def _gif(b: bytes) -> tuple[int, int] | None:
+    if b[:6] in (b"GIF87a", b"GIF89a") and len(b) >= 10:
+        w, h = struct.unpack("<HH", b[6:10])
+        return int(w), int(h)
+    return None
+
+
+def _webp(b: bytes) -> tuple[int, int] | None:
+    if b[:4] != b"RIFF" or b[8:12] != b"WEBP" or len(b) < 30:
+        return None
+    kind = b[12:16]
+    if kind == b"VP8X":
+        return 1 + int.from_bytes(b[24:27], "little"), 1 + int.from_bytes(b[27:30], "little")
+    if kind == b"VP8L":
+        bits = int.from_bytes(b[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if kind == b"VP8 ":
+        w, h = struct.unpack("<HH", b[26:30])
+        return int(w) & 0x3FFF, int(h) & 0x3FFF
+    return None
+
+
+def _jpeg(b: bytes) -> tuple[int, int] | None:
+    if b[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 9 < len(b):
+        if b[i] != 0xFF:
+            return None
+        marker = b[i + 1]
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        length = int.from_bytes(b[i + 2:i + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            h, w = struct.unpack(">HH", b[i + 5:i + 9])
+            return int(w), int(h)
+        i += 2 + length
+    return None

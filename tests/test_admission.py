@@ -1,0 +1,201 @@
+"""The one admission rule (`admission.size`): what a request may bill, from the request Ark receives."""
+
+from __future__ import annotations
+
+import base64
+import os
+import struct
+import zlib
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm: no network
+
+import pytest  # noqa: E402
+
+from volc_quota_guard import admission, estimate, media  # noqa: E402
+from volc_quota_guard.admission import ROUTES, Limits, size  # noqa: E402
+from volc_quota_guard.estimate import InvalidRequest  # noqa: E402
+
+CHAT, RESPONSES, EMBEDDING, MESSAGES = (ROUTES[c] for c in
+                                        ("acompletion", "aresponses", "aembedding", "anthropic_messages"))
+LIMITS = Limits(model_max_output=None, default_output=8_192, reasoning_tokens=8_192, min_output=256,
+                context_window=131_072)
+
+
+def chat(content: object = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": "volcengine/m", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def png(width: int, height: int) -> str:
+    """A data URL of a (header-only) PNG of the given size."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(
+        ">I", zlib.crc32(b"IHDR" + ihdr))
+    return "data:image/png;base64," + base64.b64encode(body).decode()
+
+
+def test_extra_body_fields_are_what_ark_receives() -> None:
+    """`extra_body.messages` replaces the tiny top-level prompt, and its size is what is reserved."""
+    big = "长" * 20_000
+    plain = size(chat("hi"), CHAT, LIMITS)
+    merged = size(chat("hi", extra_body={"messages": [{"role": "user", "content": big}]}), CHAT, LIMITS)
+    assert plain.input_tokens < 50 and merged.input_tokens >= 20_000
+
+
+def test_embedding_input_in_extra_body_is_counted() -> None:
+    """An embedding's `extra_body.input` overrides `input`; the reservation follows it, no output."""
+    s = size({"input": "hi", "extra_body": {"input": "token " * 9_000}}, EMBEDDING, LIMITS)
+    assert s.input_tokens >= 9_000 and s.output == 0
+
+
+def test_unknown_fields_ark_receives_are_bounded_by_their_bytes() -> None:
+    """A field the guard does not tokenize (top level or extra_body) still counts, at its UTF-8 size."""
+    blob = "x" * 5_000
+    assert size(chat("hi", extra_body={"mystery": blob}), CHAT, LIMITS).input_tokens > 5_000
+    assert size(chat("hi", response_format={"schema": blob}), CHAT, LIMITS).input_tokens > 5_000
+
+
+def test_max_tokens_with_thinking_possible_reserves_an_allowance_and_pins_the_total() -> None:
+    """max_tokens caps only the answer on Ark: per choice = N + the reasoning allowance."""
+    s = size(chat(max_tokens=1_000), CHAT, LIMITS)
+    assert (s.per_choice, s.reasoning, s.choices) == (9_192, 8_192, 1)
+
+
+@pytest.mark.parametrize("switch", [{"thinking": {"type": "disabled"}}, {"reasoning_effort": "minimal"},
+                                    {"extra_body": {"thinking": {"type": "disabled"}}}])
+def test_thinking_switched_off_needs_no_allowance(switch: dict[str, Any]) -> None:
+    """`thinking.type: disabled` or `reasoning_effort: minimal` reserve the answer cap alone."""
+    assert size(chat(max_tokens=1_000, **switch), CHAT, LIMITS).per_choice == 1_000
+
+
+def test_max_completion_tokens_already_bounds_reasoning() -> None:
+    """A client's max_completion_tokens is the per-choice total; no allowance is added."""
+    s = size(chat(max_completion_tokens=3_000), CHAT, LIMITS)
+    assert (s.per_choice, s.reasoning) == (3_000, 0)
+
+
+def test_the_total_never_exceeds_arks_max_completion_tokens_range() -> None:
+    """Ark accepts max_completion_tokens up to 65,536: the pin is clamped there."""
+    assert size(chat(max_tokens=64_000), CHAT, LIMITS).per_choice == admission.ARK_MAX_COMPLETION_TOKENS
+
+
+def test_n_multiplies_the_output_and_has_a_bound() -> None:
+    """n choices each bill their own output; above MAX_CHOICES (or not an int) it is a 400 on `n`."""
+    s = size(chat(max_tokens=2_000, n=4, thinking={"type": "disabled"}), CHAT, LIMITS)
+    assert (s.output, s.least_output) == (8_000, 4 * 256)
+    assert s.per_choice_for(5_000) == 1_250
+    for bad in (admission.MAX_CHOICES + 1, 0, "2", True):
+        with pytest.raises(InvalidRequest) as err:
+            size(chat(n=bad), CHAT, LIMITS)
+        assert err.value.param == "n"
+    with pytest.raises(InvalidRequest):
+        size(chat(extra_body={"n": 40}), CHAT, LIMITS)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "100", True, 10**9])
+def test_bad_output_caps_are_the_clients_400(value: object) -> None:
+    """A cap that is not a positive integer in range names its field."""
+    with pytest.raises(InvalidRequest) as err:
+        size(chat(extra_body={"max_completion_tokens": value}), CHAT, LIMITS)
+    assert err.value.param == "max_completion_tokens"
+
+
+def test_image_tokens_follow_arks_formula() -> None:
+    """min(ceil(w*h/784), 1312 low / 5120 high) from a data URL; the maximum for a remote URL."""
+    def part(url: str, detail: str | None = None) -> dict[str, Any]:
+        inner: dict[str, Any] = {"url": url} | ({"detail": detail} if detail else {})
+        return {"type": "image_url", "image_url": inner}
+
+    assert media.image_tokens(part(png(280, 280), "low")) == 100
+    assert media.image_tokens(part(png(4000, 3000), "low")) == 1_338  # scaled to 1,048,576 px first
+    assert media.image_tokens(part(png(4000, 3000), "high")) == 5_120
+    assert media.image_tokens(part("https://example.invalid/a.png")) == 5_120  # detail unknown: high
+    assert media.image_tokens(part("https://example.invalid/a.png", "low")) == 1_338
+    base = size(chat([{"type": "text", "text": "what"}]), CHAT, LIMITS).input_tokens
+    with_image = size(chat([{"type": "text", "text": "what"}, part(png(280, 280), "low")]), CHAT, LIMITS)
+    assert with_image.input_tokens - base == 100
+
+
+def test_video_and_unknown_parts_are_refused_unless_the_deployment_bounds_them() -> None:
+    """A video by URL cannot be bounded: 400 naming the part, unless model_info gives a per-part bound."""
+    video = chat([{"type": "video_url", "video_url": {"url": "https://example.invalid/v.mp4"}}])
+    with pytest.raises(InvalidRequest) as err:
+        size(video, CHAT, LIMITS)
+    assert err.value.param == "messages[0].content[0]"
+    bounded = Limits(None, 8_192, 0, 256, media_part_tokens=250_000)
+    assert size(video, CHAT, bounded).input_tokens >= 250_000
+    with pytest.raises(InvalidRequest):
+        size(chat([{"type": "hologram", "data": "x"}]), CHAT, LIMITS)
+
+
+def test_a_response_chain_is_reserved_at_its_recorded_size_or_the_context_window() -> None:
+    """previous_response_id adds the stored conversation: as recorded, else the context window,
+    else a 400 naming the field."""
+    follow = {"input": "and then?", "previous_response_id": "resp_1", "max_output_tokens": 500}
+    assert size(follow, RESPONSES, LIMITS, chain_tokens=22_000).input_tokens >= 22_000
+    assert size(follow, RESPONSES, LIMITS).chain_tokens == 131_072
+    with pytest.raises(InvalidRequest) as err:
+        size(follow, RESPONSES, Limits(None, 8_192, 0, 256))
+    assert err.value.param == "previous_response_id"
+    assert size(follow, RESPONSES, LIMITS, 10).per_choice == 500  # max_output_tokens covers reasoning
+
+
+def test_server_side_context_the_guard_never_saw_is_refused() -> None:
+    """A `conversation` object is context Ark holds and the guard cannot size: 400."""
+    with pytest.raises(InvalidRequest) as err:
+        size({"input": "x", "conversation": {"id": "conv_1"}}, RESPONSES, LIMITS)
+    assert err.value.param == "conversation"
+
+
+def test_routes_the_guard_cannot_settle_are_refused() -> None:
+    """Batches, generateContent and WebSocket sessions have no route: a 400 naming it."""
+    for call_type in ("acreate_batch", "agenerate_content", "_aresponses_websocket", "atext_completion"):
+        with pytest.raises(InvalidRequest) as err:
+            admission.route_of(call_type)
+        assert err.value.param == "route"
+
+
+def test_responses_and_messages_inputs_are_counted() -> None:
+    """Responses input items and instructions, Anthropic system blocks all count."""
+    r = size({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi " * 300}]}],
+              "instructions": "be brief " * 100}, RESPONSES, LIMITS)
+    assert r.input_tokens > 400
+    m = size({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 100,
+              "system": [{"type": "text", "text": "sys " * 200}]}, MESSAGES, LIMITS)
+    assert m.input_tokens > 200 and m.per_choice == 100 + 8_192
+
+
+def test_chinese_is_counted_at_least_one_token_per_character() -> None:
+    """cl100k over-counts Chinese (safe for a reservation): never fewer tokens than characters."""
+    text = "火山方舟免费额度保护" * 50
+    assert size(chat(text), CHAT, LIMITS).input_tokens >= len(text)
+
+
+def test_tools_and_tool_calls_add_tokens() -> None:
+    """Tool definitions are part of the input."""
+    tools = [{"type": "function", "function": {"name": "lookup_weather", "description": "x " * 50,
+                                               "parameters": {"type": "object"}}}]
+    assert size(chat("call f", tools=tools), CHAT, LIMITS).input_tokens > \
+        size(chat("call f"), CHAT, LIMITS).input_tokens + 40
+
+
+@pytest.mark.parametrize("messages", [None, [], "hi", [5], [{"content": "no role"}],
+                                      [{"role": "user", "content": 5}],
+                                      [{"role": "user", "content": [5]}]])
+def test_malformed_chat_messages_are_rejected(messages: object) -> None:
+    """Chat messages must be a non-empty list of role/content objects (checked before reserving)."""
+    with pytest.raises(InvalidRequest):
+        size({"messages": messages}, CHAT, LIMITS)
+
+
+def test_model_max_output_reads_config_then_litellm_map_and_survives_unmapped_models() -> None:
+    """`model_info.max_output_tokens` wins; LiteLLM's map is next; an unmapped model gives None."""
+    assert estimate.model_max_output({"max_output_tokens": 777}, "anything") == 777
+    assert estimate.model_max_output({}, "deepseek-v3-2-251201") == 32768
+    assert estimate.model_max_output({}, "doubao-not-in-the-map-250101") is None
+
+
+def test_big_prompts_are_flagged_for_a_worker_thread() -> None:
+    """Above THREAD_ABOVE_CHARS of text the count is worth a thread; a short prompt is not."""
+    assert not estimate.is_big(chat("short"))
+    assert estimate.is_big(chat("长" * (estimate.THREAD_ABOVE_CHARS + 1)))
