@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
+from . import admission
 from .ark import ArkChat, ArkTarget, consume_messages, targets_from_model_list
 from .clock import MS_PER_DAY, beijing_day, next_beijing_midnight_ms
 from .config import Settings
@@ -27,6 +28,9 @@ from .errors import ArkCallError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Gate, PoolState
 
 log = logging.getLogger("volc_quota_guard.consume")
+# The consume call's body caps answer + reasoning itself (max_completion_tokens): no allowance.
+_CONSUME_LIMITS = admission.Limits(model_max_output=None, default_output=1, reasoning_tokens=0,
+                                   min_output=1)
 
 TAG = "🍽️ [CONSUME]"
 CLAIM_MS = 2 * MS_PER_DAY  # the day's claim outlives the day
@@ -214,17 +218,21 @@ class ConsumeTask:
             output = min(cfg.consume_output_tokens, budget // 2)
             # The prompt is sized so that the gate, holding it times the pool's estimate
             # correction k (as for proxied requests), reserves no more than the budget.
-            messages, counted = consume_messages(int((budget - output) * PPM / d.correction_ppm))
+            messages, _ = consume_messages(int((budget - output) * PPM / d.correction_ppm))
+            # Sized by the rule the proxy's gate uses, from the body ArkChat sends.
+            need = admission.size({"messages": messages, "max_completion_tokens": output},
+                                  admission.ROUTES["acompletion"], _CONSUME_LIMITS)
             rid = f"consume:{self.owner[:12]}:{day}:{run.calls}"
             ttl = max(cfg.reservation_ttl_seconds, int(cfg.consume_timeout_seconds) + 60) * 1000
-            granted = self.gate.reserve(pool, rid, counted + output, ttl_ms=ttl, input_tokens=counted)
+            granted = self.gate.reserve(pool, rid, need.input_tokens + need.output, ttl_ms=ttl,
+                                        input_tokens=need.input_tokens)
             if not granted.admitted:
                 run.stop = f"the gate refused the call ({granted.reason})"
                 return
             budget = granted.amount
             run.calls += 1
             try:
-                reading = self.chat.chat(target, messages, output)
+                reading = self.chat.chat(target, messages, need.per_choice)
             except ArkCallError as exc:
                 run.errors += 1
                 if exc.may_have_run:

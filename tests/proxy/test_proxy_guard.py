@@ -28,7 +28,6 @@ from proxy_support import (
     stop_proxy,
 )
 
-
 from volc_quota_guard.clock import next_beijing_midnight_ms
 from volc_quota_guard.fake import FakeVolcengine
 
