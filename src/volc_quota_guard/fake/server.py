@@ -1,4 +1,5 @@
-"""One local HTTP server that plays Volcengine: billing OpenAPI, Ark chat, admin endpoints.
+"""One local HTTP server that plays Volcengine: billing OpenAPI, the Ark data plane (chat,
+Responses, embeddings), admin endpoints.
 
     with FakeVolcengine({"acct-a": ("AK-a", "SK-a")}, clock=ManualClock(t0)) as fake:
         fake.add_package("acct-a/doubao-seed-2-1-pro-260628", 2_000_000)
@@ -20,15 +21,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .admin_api import handle_admin
-from .ark_api import StreamReply, handle_chat
+from .ark_api import StreamReply, handle_chat, handle_embeddings
 from .billing_api import Reply, handle_billing, json_reply
 from .clock import ScaledClock
 from .ledger import Ledger
+from .responses_api import RESPONSES_PATH, handle_responses
 from .state import AccountSpec, ChatDefaults, FakeClock, FakeState
 
 log = logging.getLogger(__name__)
 
 CHAT_PATHS = ("/api/v3/chat/completions", "/v1/chat/completions", "/chat/completions")
+EMBEDDING_PATHS = ("/api/v3/embeddings", "/v1/embeddings")
 DEFAULT_ACCOUNTS: dict[str, AccountSpec] = {
     "default": ("AKLTfakeDefaultAccessKey0001", "fakeDefaultSecretKey0001", "ark-default"),
 }
@@ -66,6 +69,10 @@ class _Handler(BaseHTTPRequestHandler):
                     state, self.command, parts.path, parts.query, body)
             elif parts.path in CHAT_PATHS and self.command == "POST":
                 reply = handle_chat(state, self._header, body)
+            elif parts.path in EMBEDDING_PATHS and self.command == "POST":
+                reply = handle_embeddings(state, self._header, body)
+            elif parts.path == RESPONSES_PATH or parts.path.startswith(RESPONSES_PATH + "/"):
+                reply = handle_responses(state, self.command, parts.path, self._header, body)
             elif parts.path in ("", "/") and parts.query:
                 reply = handle_billing(state, self.command, parts.path or "/", parts.query,
                                        self._header, body)
