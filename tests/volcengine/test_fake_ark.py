@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from typing import Any
 
 import httpx
 import openai
 import pytest
-from vc_support import POOL_A
+from vc_support import AUTH, HTTP, MODEL, POOL_A, chat, sse_events
 
 from volc_quota_guard.fake import FakeVolcengine
-
-HTTP = httpx.Client(timeout=10)  # one client: building one per call costs ~40 ms
-
-MODEL = "deepseek-v4-flash-ga-260731"
-AUTH = {"Authorization": "Bearer ark-key-a"}
-
-
-def chat(fake: FakeVolcengine, text: str, **body: Any) -> httpx.Response:
-    payload = {"model": MODEL, "messages": [{"role": "user", "content": text}], **body}
-    return HTTP.post(f"{fake.ark_base_url}/chat/completions", json=payload, headers=AUTH,
-                      timeout=10)
-
-
-def sse_events(response: httpx.Response) -> list[Any]:
-    out: list[Any] = []
-    for line in response.text.splitlines():
-        if line.startswith("data: "):
-            data = line.removeprefix("data: ")
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 def test_a_completion_reports_the_directive_usage_and_charges_the_ledger(
