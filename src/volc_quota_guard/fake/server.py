@@ -12,6 +12,7 @@ delayed chat request does not hold up the billing API.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -26,7 +27,7 @@ from .billing_api import Reply, handle_billing, json_reply
 from .clock import ScaledClock
 from .ledger import Ledger
 from .responses_api import RESPONSES_PATH, handle_responses
-from .state import AccountSpec, ChatDefaults, FakeClock, FakeState
+from .state import AccountSpec, ChatDefaults, FakeClock, FakeState, UpstreamRequest
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        if parts.path in CHAT_PATHS or parts.path in EMBEDDING_PATHS \
+                or parts.path.startswith(RESPONSES_PATH):
+            state.record_upstream(UpstreamRequest(self.command, parts.path, _parsed(body)))
         try:
             if parts.path.startswith("/_fake/"):
                 reply: Reply | StreamReply = handle_admin(
@@ -116,6 +120,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         elif alive:
             self.connection.shutdown(socket.SHUT_RDWR)  # the stream breaks mid-body
+
+
+def _parsed(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return body.decode(errors="replace")
 
 
 class _Server(ThreadingHTTPServer):

@@ -112,6 +112,18 @@ class ChatRecord:
         return asdict(self)
 
 
+UPSTREAM_LOG_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    """An Ark data-plane request exactly as it arrived (what LiteLLM finally sent)."""
+
+    method: str
+    path: str
+    body: Any  # the parsed JSON, or the raw text when it is not JSON
+
+
 @dataclass(frozen=True)
 class StoredResponse:
     """A Responses API answer kept for ``previous_response_id`` (``store`` is true)."""
@@ -161,6 +173,7 @@ class FakeState:
         self._chats: list[ChatRecord] = []
         self._chat_seq = 0
         self._responses: dict[str, StoredResponse] = {}
+        self._upstream: deque[UpstreamRequest] = deque(maxlen=UPSTREAM_LOG_SIZE)
 
     # ------------------------------------------------------------- accounts
 
@@ -334,8 +347,19 @@ class FakeState:
             return list(self._chats)
 
     def clear_chat_requests(self) -> None:
+        """Forget the recorded requests (the chat records and the raw upstream log)."""
         with self.lock:
             self._chats.clear()
+            self._upstream.clear()
+
+    def record_upstream(self, request: UpstreamRequest) -> None:
+        with self.lock:
+            self._upstream.append(request)
+
+    def upstream_requests(self) -> list[UpstreamRequest]:
+        """The last 1,000 Ark data-plane requests as received: method, path, JSON body."""
+        with self.lock:
+            return list(self._upstream)
 
     # ------------------------------------------------------------- stored responses
 
