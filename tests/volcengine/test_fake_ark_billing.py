@@ -165,7 +165,8 @@ def test_large_images_are_scaled_and_capped_per_detail(
 
 def test_a_remote_image_is_billed_at_the_cap_and_pixel_limits_apply(
         fake: FakeVolcengine) -> None:
-    """An http(s) image costs the detail's maximum; image_pixel_limit scales a small image up."""
+    """An http(s) image costs the detail's maximum; image_pixel_limit scales an image up to
+    min_pixels or down to max_pixels."""
     assert usage_of(post(fake, image_message("https://example.com/a.png")))[
         "prompt_tokens"] == 10 + 1312
     assert usage_of(post(fake, image_message("https://example.com/a.png", "high")))[
@@ -173,6 +174,12 @@ def test_a_remote_image_is_billed_at_the_cap_and_pixel_limits_apply(
     small = data_url("PNG", (100, 100))
     assert usage_of(post(fake, image_message(small, image_pixel_limit={"min_pixels": 78_400})))[
         "prompt_tokens"] == 10 + 100
+    big = data_url("PNG", (2000, 1500))
+    assert usage_of(post(fake, image_message(big, image_pixel_limit={"max_pixels": 100_000})))[
+        "prompt_tokens"] == 10 + 128  # scaled down to 100,000 px
+    assert usage_of(post(fake, image_message(big, "high",
+                                             image_pixel_limit={"max_pixels": 8_000_000})))[
+        "prompt_tokens"] == 10 + 3827  # a higher bound raises the cap, not the image
     assert post(fake, image_message("data:image/png;base64,bm90IGFuIGltYWdl")).status_code == 400
     assert post(fake, image_message("ftp://example.com/a.png")).status_code == 400
 
