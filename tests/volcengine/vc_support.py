@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from typing import Any
 
+import httpx
 from pydantic import SecretStr
 
 from volc_quota_guard.accounts import Credentials
@@ -32,3 +35,26 @@ def client_for(fake: FakeVolcengine, account: str = "acct-a", secret: str | None
                                       wait_initial=0.01, wait_max=0.02, wait_jitter=0.005)
     options.update(kwargs)
     return BillingClient(creds(account, secret), **options)  # type: ignore[arg-type]
+
+
+# The Ark data plane over HTTP
+
+HTTP = httpx.Client(timeout=10)  # one client: building one per call costs ~40 ms
+
+MODEL = "deepseek-v4-flash-ga-260731"
+AUTH = {"Authorization": "Bearer ark-key-a"}
+
+
+def chat(fake: FakeVolcengine, text: str, **body: Any) -> httpx.Response:
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": text}], **body}
+    return HTTP.post(f"{fake.ark_base_url}/chat/completions", json=payload, headers=AUTH,
+                      timeout=10)
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    out: list[Any] = []
+    for line in response.text.splitlines():
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out

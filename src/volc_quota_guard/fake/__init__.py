@@ -3,7 +3,8 @@
 - ``ledger.Ledger``: the free-quota rules (FIFO packages, expiry, daily cap, next-day return,
   settlement lag, billing), pure and deterministic — the simulator uses it directly.
 - ``server.FakeVolcengine``: a local HTTP server around a ledger that answers the billing
-  OpenAPI (``ListResourcePackages``, SDK-signed), Ark chat completions and ``/_fake/`` admin.
+  OpenAPI (``ListResourcePackages``, SDK-signed), the Ark data plane (chat completions,
+  Responses, embeddings; billed as ref/ARK.md, see ``ark_api``) and ``/_fake/`` admin.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from .clock import ScaledClock
 from .ledger import Consumption, Ledger, PackageView, PoolTotals, configuration_code_for
 from .server import FakeVolcengine
-from .state import BILLING_FAULTS, ChatDefaults, ChatRecord, FakeAccount
+from .state import BILLING_FAULTS, ChatDefaults, ChatRecord, FakeAccount, StoredResponse, UpstreamRequest
 
 __all__ = [
     "BILLING_FAULTS",
@@ -24,5 +25,7 @@ __all__ = [
     "PackageView",
     "PoolTotals",
     "ScaledClock",
+    "StoredResponse",
+    "UpstreamRequest",
     "configuration_code_for",
 ]

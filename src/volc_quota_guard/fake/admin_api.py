@@ -10,12 +10,14 @@
     POST   /_fake/consume                {pool, tokens}: usage that bypasses the proxy
     GET    /_fake/defaults               chat defaults and the settlement lag
     POST   /_fake/defaults               {completion_tokens?, prompt_tokens?, cached_tokens?,
-                                          count_cached?, delay_s?, settlement_lag_minutes?}
+                                          reasoning_tokens?, media_tokens?, count_cached?,
+                                          delay_s?, settlement_lag_minutes?}
     POST   /_fake/billing/faults         {kind, count?, account?}     DELETE: clear all faults
     POST   /_fake/billing/down           {until_ms, kind?, account?}
     POST   /_fake/billing/pagination     {quirk: none|overlap|stuck}
     GET    /_fake/billing/calls          {account: calls}             DELETE: reset
-    GET    /_fake/chat/requests          [chat records]               DELETE: clear
+    GET    /_fake/chat/requests          [chat records]               DELETE: clear (both logs)
+    GET    /_fake/upstream/requests      [{method, path, body}]: Ark requests as received
     GET    /_fake/clock                  {now_ms, now}
     POST   /_fake/clock                  {advance_ms} | {set_ms}
 """
@@ -132,6 +134,8 @@ def _route(state: FakeState, method: str, path: str, query: dict[str, list[str]]
         return json_reply(200, {"ok": True})
     if route == ("GET", "/chat/requests"):
         return json_reply(200, [r.as_dict() for r in state.chat_requests()])
+    if route == ("GET", "/upstream/requests"):
+        return json_reply(200, [asdict(r) for r in state.upstream_requests()])
     if route == ("DELETE", "/chat/requests"):
         state.clear_chat_requests()
         return json_reply(200, {"ok": True})

@@ -1,34 +1,64 @@
-"""The fake Ark data plane: OpenAI-compatible ``POST /api/v3/chat/completions``.
+"""The fake Ark data plane: chat completions and embeddings (Responses: ``responses_api.py``).
 
-The Bearer key picks the account, the body's ``model`` the pool (``account/model``). Usage
-comes from the server defaults, overridden per request by a directive in the last user
-message::
+``POST /api/v3/chat/completions`` and ``POST /api/v3/embeddings``, OpenAI-compatible. The
+Bearer key picks the account, the body's ``model`` the pool (``account/model``). The fake is
+the guard's test oracle, so it bills at least what Ark would (ref/ARK.md), taking the more
+expensive reading wherever Ark's behaviour is uncertain.
 
-    [[fake prompt=1000 completion=500 cached=0 usage=missing delay=0.5 status=429 cut=2]]
+Usage comes from the server defaults (``ChatDefaults``), overridden per request by a
+directive in the last user message (chat), the input text (Responses) or any input string
+(embeddings)::
 
-``completion`` is capped at the request's ``max_completion_tokens`` / ``max_tokens`` (as a
-real upstream stops there). A request that completes consumes prompt + completion from the
-ledger at completion time — before the response (non-streaming) or before the final
-chunk (streaming) — so a client that has read the answer sees the ledger already charged.
-``cut=N`` ends a stream after N content chunks with no usage and no ``[DONE]``; the full
-amount is still consumed (the upstream billed what it generated; assume the worst).
+    [[fake prompt=1000 completion=500 reasoning=3000 cached=0 media=200000
+            usage=missing delay=0.5 status=429 cut=2]]
+
+Chat billing rules:
+
+- **Prompt** = text + media. Text is ``litellm.token_counter`` (cl100k) over every message's
+  text parts, the ``tools`` and ``response_format``'s JSON; ``prompt=`` (or the
+  ``prompt_tokens`` default) replaces only this text count. Media is added on top: images by
+  Ark's formula (``media.py``), each video/audio/file part ``media=`` tokens (default
+  ``media_tokens``, 200,000). An unknown content part type is a 400.
+- **Thinking** is on unless the request switches it off: ``thinking: {"type": "disabled"}``
+  or ``reasoning_effort: "minimal"``, with no switch asking for it (``thinking.type``
+  ``enabled``/``auto`` or an effort other than ``minimal`` win over an off switch). When on,
+  each choice produces ``reasoning=`` tokens (default ``reasoning_tokens``, 0) besides the
+  answer (``completion=``, default ``completion_tokens``).
+- **Caps**: ``max_tokens`` caps the answer only; ``max_completion_tokens`` (0…65,536) caps
+  reasoning + answer (reasoning first, the answer gets the rest); both at once is a 400.
+  With neither, the answer is capped at 4,096 (Ark's ``max_tokens`` default), reasoning not.
+- ``n`` (1…128) choices each produce the full reasoning + answer: output × n.
+- ``usage.completion_tokens`` = n × (answer + reasoning);
+  ``completion_tokens_details.reasoning_tokens`` = n × reasoning.
+
+Embeddings: prompt = cl100k tokens of every input string (a token array counts its length),
+or ``prompt=``; no output. Every request that completes consumes (prompt + output − cached
+when ``count_cached`` is off) from the ledger at completion time — before the response
+(non-streaming) or before the final chunk (streaming) — so a client that has read the answer
+sees the ledger already charged; beyond the free balance it is billed. ``cut=N`` ends a
+stream after N content chunks with no usage and no ``[DONE]``; the full amount is still
+consumed (the upstream billed what it generated). ``status=`` answers that error and
+consumes nothing.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import struct
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .billing_api import Reply, json_reply
-from .state import ChatRecord, FakeState
+from .media import IMAGE_PARTS, MEDIA_PARTS, TEXT_PARTS, image_tokens, part_image
+from .state import ChatRecord, FakeAccount, FakeState
 
 _DIRECTIVE_RE = re.compile(r"\[\[fake\b([^\]]*)\]\]")
-_INT_KEYS = ("prompt", "completion", "cached", "status", "cut")
+_INT_KEYS = ("prompt", "completion", "reasoning", "cached", "media", "status", "cut")
 _ERRORS = {
     400: ("InvalidParameter", "BadRequest"),
     401: ("AuthenticationError", "Unauthorized"),
@@ -38,6 +68,11 @@ _ERRORS = {
     500: ("InternalServiceError", "InternalServerError"),
     503: ("ServiceUnavailable", "ServiceUnavailable"),
 }
+DEFAULT_MAX_TOKENS = 4096  # Ark's max_tokens default: caps the answer when no cap is sent
+MAX_COMPLETION_TOKENS = 65_536
+MAX_N = 128
+THINKING_TYPES = ("enabled", "disabled", "auto")
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -53,20 +88,38 @@ class StreamReply:
 class Directive:
     prompt: int | None = None
     completion: int | None = None
+    reasoning: int | None = None
     cached: int | None = None
+    media: int | None = None
     usage_missing: bool = False
     delay: float | None = None
     status: int | None = None
     cut: int | None = None
 
 
-def openai_error(status: int, message: str) -> Reply:
-    code, kind = _ERRORS.get(status, ("FakeError", "Error"))
-    return json_reply(status, {"error": {"code": code, "message": message, "param": "",
-                                         "type": kind}})
+def openai_error(status: int, message: str, code: str | None = None,
+                 param: str = "") -> Reply:
+    default_code, kind = _ERRORS.get(status, ("FakeError", "Error"))
+    return json_reply(status, {"error": {"code": code or default_code, "message": message,
+                                         "param": param, "type": kind}})
 
 
-def _text(content: Any) -> str:
+def authenticate(state: FakeState, header: Callable[[str], str | None]) -> FakeAccount | None:
+    bearer = (header("authorization") or "").removeprefix("Bearer ").strip()
+    return state.account_by_api_key(bearer) if bearer else None
+
+
+def load_body(body: bytes) -> dict[str, Any]:
+    request = json.loads(body or b"{}")
+    if not isinstance(request, dict):
+        raise ValueError("the body must be a JSON object")
+    model = request.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError("model is required")
+    return request
+
+
+def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts
@@ -74,11 +127,9 @@ def _text(content: Any) -> str:
     return ""
 
 
-def parse_directive(messages: list[Any]) -> Directive:
-    """The ``[[fake …]]`` directive of the last user message; ValueError on a bad key/value."""
-    last_user = next((m for m in reversed(messages)
-                      if isinstance(m, dict) and m.get("role") == "user"), None)
-    m = _DIRECTIVE_RE.search(_text(last_user.get("content")) if last_user else "")
+def parse_directive_text(text: str) -> Directive:
+    """The ``[[fake …]]`` directive in ``text``; ValueError on a bad key/value."""
+    m = _DIRECTIVE_RE.search(text)
     if not m:
         return Directive()
     values: dict[str, Any] = {}
@@ -100,90 +151,214 @@ def parse_directive(messages: list[Any]) -> Directive:
     return Directive(**values)
 
 
-def count_prompt_tokens(messages: list[Any]) -> int:
-    """What a client-side tokenizer would say (cl100k via LiteLLM, offline)."""
+def parse_directive(messages: list[Any]) -> Directive:
+    """The ``[[fake …]]`` directive of the last user message; ValueError on a bad key/value."""
+    last_user = next((m for m in reversed(messages)
+                      if isinstance(m, dict) and m.get("role") == "user"), None)
+    return parse_directive_text(text_of(last_user.get("content")) if last_user else "")
+
+
+def _litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm  # slow to import; only when a request relies on the default
+    import litellm  # slow to import; only when a request relies on counting
 
-    return int(litellm.token_counter(model="gpt-3.5-turbo", messages=messages))
+    return litellm
 
 
-def _cap(request: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """(max_tokens, max_completion_tokens, the cap the upstream applies)."""
-    got = []
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = request.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value < 0):
-            raise ValueError(f"{name} must be a non-negative integer")
-        got.append(value)
-    present = [v for v in got if v is not None]
-    return got[0], got[1], (min(present) if present else None)
+def count_prompt_tokens(messages: list[Any], tools: list[Any] | None = None) -> int:
+    """What a client-side tokenizer would say (cl100k via LiteLLM, offline)."""
+    try:
+        return int(_litellm().token_counter(model="gpt-3.5-turbo", messages=messages,
+                                            tools=tools or None))
+    except Exception as exc:  # a message LiteLLM cannot read: Ark would not either
+        raise ValueError(f"unreadable messages or tools: {exc}") from None
+
+
+def count_text_tokens(text: str) -> int:
+    return int(_litellm().token_counter(model="gpt-3.5-turbo", text=text)) if text else 0
+
+
+def split_content(content: Any, media_per_part: int) -> tuple[Any, int]:
+    """(the content's text parts only, the media tokens of its other parts)."""
+    if not isinstance(content, list):
+        return content, 0
+    texts: list[Any] = []
+    media = 0
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(part, str):
+            texts.append({"type": "text", "text": part})
+        elif kind in TEXT_PARTS:
+            texts.append({"type": "text", "text": str(part.get("text") or "")})
+        elif kind in IMAGE_PARTS:
+            media += image_tokens(*part_image(part))
+        elif kind in MEDIA_PARTS:
+            media += media_per_part
+        else:
+            raise ValueError(f"unknown content part type {kind!r}")
+    return texts, media
+
+
+def thinking_on(thinking: Any, effort: Any) -> bool:
+    """Ark's default is thinking on; off only when asked and nothing asks for it."""
+    kind = None
+    if thinking is not None:
+        if not isinstance(thinking, dict) or thinking.get("type") not in THINKING_TYPES:
+            raise ValueError(f"thinking.type must be one of {THINKING_TYPES}")
+        kind = thinking["type"]
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise ValueError(f"reasoning effort must be one of {REASONING_EFFORTS}")
+    off = kind == "disabled" or effort == "minimal"
+    on = kind in ("enabled", "auto") or effort in ("low", "medium", "high")
+    return on or not off
+
+
+def int_field(request: dict[str, Any], name: str, low: int, high: int | None) -> int | None:
+    value = request.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low \
+            or (high is not None and value > high):
+        bound = f"{low}…{high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {bound}")
+    return value
+
+
+@dataclass(frozen=True)
+class Output:
+    """One choice's output: the answer and the reasoning before it."""
+
+    answer: int
+    reasoning: int
+    truncated: bool
+
+
+def split_output(wanted: int, reasoning: int, *, answer_cap: int | None,
+                 total_cap: int | None) -> Output:
+    """Reasoning first (bounded only by ``total_cap``), then the answer gets what is left."""
+    r = reasoning if total_cap is None else min(reasoning, total_cap)
+    a = wanted if answer_cap is None else min(wanted, answer_cap)
+    if total_cap is not None:
+        a = min(a, total_cap - r)
+    return Output(a, r, a < wanted or r < reasoning)
+
+
+def consumed_tokens(state: FakeState, prompt: int, output: int, cached: int) -> int:
+    return prompt + output - (0 if state.get_chat_defaults().count_cached else cached)
+
+
+def sleep_for(directive: Directive, default: float) -> None:
+    delay = directive.delay if directive.delay is not None else default
+    if delay > 0:
+        time.sleep(delay)
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+@dataclass(frozen=True)
+class _ChatBill:
+    prompt: int
+    media: int
+    output: Output
+    n: int
+    cached: int
+    thinking: bool
+
+
+def _chat_bill(state: FakeState, request: dict[str, Any], directive: Directive) -> _ChatBill:
+    messages = request["messages"]
+    defaults = state.get_chat_defaults()
+    per_part = directive.media if directive.media is not None else defaults.media_tokens
+    text_messages, media = [], 0
+    for message in messages:
+        if not isinstance(message, dict):
+            raise ValueError("each message must be an object")
+        content, tokens = split_content(message.get("content"), per_part)
+        text_messages.append(message | {"content": content} if "content" in message else message)
+        media += tokens
+    tools = request.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ValueError("tools must be a list")
+    text = directive.prompt if directive.prompt is not None else defaults.prompt_tokens
+    if text is None:
+        text = count_prompt_tokens(text_messages, tools)
+        if isinstance(request.get("response_format"), dict):
+            text += count_text_tokens(json.dumps(request["response_format"], ensure_ascii=False))
+    max_tokens = int_field(request, "max_tokens", 0, None)
+    max_completion = int_field(request, "max_completion_tokens", 0, MAX_COMPLETION_TOKENS)
+    if max_tokens is not None and max_completion is not None:
+        raise ValueError("max_tokens and max_completion_tokens cannot be set at the same time")
+    n = int_field(request, "n", 1, MAX_N) or 1
+    thinking = thinking_on(request.get("thinking"), request.get("reasoning_effort"))
+    wanted = directive.completion if directive.completion is not None \
+        else defaults.completion_tokens
+    reasoning = directive.reasoning if directive.reasoning is not None \
+        else defaults.reasoning_tokens
+    answer_cap = max_tokens if max_tokens is not None else (
+        DEFAULT_MAX_TOKENS if max_completion is None else None)
+    output = split_output(wanted, reasoning if thinking else 0, answer_cap=answer_cap,
+                          total_cap=max_completion)
+    prompt = text + media
+    cached = min(directive.cached if directive.cached is not None else defaults.cached_tokens,
+                 prompt)
+    return _ChatBill(prompt, media, output, n, cached, thinking)
 
 
 def handle_chat(state: FakeState, header: Callable[[str], str | None],
                 body: bytes) -> Reply | StreamReply:
     """Answer one chat completion request."""
-    bearer = (header("authorization") or "").removeprefix("Bearer ").strip()
-    account = state.account_by_api_key(bearer) if bearer else None
+    account = authenticate(state, header)
     if account is None:
         return openai_error(401, "The API key in the request is missing or invalid.")
     try:
-        request = json.loads(body or b"{}")
-        if not isinstance(request, dict):
-            raise ValueError("the body must be a JSON object")
-        model, messages = request.get("model"), request.get("messages")
-        if not isinstance(model, str) or not model:
-            raise ValueError("model is required")
+        request = load_body(body)
+        messages = request.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         directive = parse_directive(messages)
-        max_tokens, max_completion_tokens, cap = _cap(request)
+        bill = _chat_bill(state, request, directive)
     except ValueError as exc:
         return openai_error(400, str(exc))
 
     defaults = state.get_chat_defaults()
+    model: str = request["model"]
     pool = f"{account.name}/{model}"
     stream = bool(request.get("stream"))
     include_usage = stream and bool((request.get("stream_options") or {}).get("include_usage"))
-    prompt = directive.prompt if directive.prompt is not None else defaults.prompt_tokens
-    if prompt is None:
-        prompt = count_prompt_tokens(messages)
-    wanted = directive.completion if directive.completion is not None \
-        else defaults.completion_tokens
-    completion = wanted if cap is None else min(wanted, cap)
-    cached = min(directive.cached if directive.cached is not None else defaults.cached_tokens,
-                 prompt)
-    consumed = prompt + completion - (0 if defaults.count_cached else cached)
+    out, n = bill.output, bill.n
+    completion = n * (out.answer + out.reasoning)
+    consumed = consumed_tokens(state, bill.prompt, completion, bill.cached)
     seq = state.next_chat_seq()
 
     def record(status: int, billed: int = 0, used: int = consumed) -> None:
         state.record_chat(ChatRecord(
             seq=seq, at_ms=state.now_ms(), account=account.name, model=model, pool=pool,
-            stream=stream, include_usage=include_usage, max_tokens=max_tokens,
-            max_completion_tokens=max_completion_tokens, prompt_tokens=prompt,
-            completion_tokens=completion, cached_tokens=cached, consumed=used, billed=billed,
-            status=status, usage_reported=(status == 200 and not directive.usage_missing
-                                           and (include_usage or not stream)
-                                           and not directive.cut),
+            stream=stream, include_usage=include_usage, max_tokens=request.get("max_tokens"),
+            max_completion_tokens=request.get("max_completion_tokens"),
+            prompt_tokens=bill.prompt, completion_tokens=completion, cached_tokens=bill.cached,
+            consumed=used, billed=billed, status=status,
+            usage_reported=(status == 200 and not directive.usage_missing
+                            and (include_usage or not stream) and not directive.cut),
+            n=n, thinking=bill.thinking, reasoning_tokens=n * out.reasoning,
+            media_tokens=bill.media,
         ))
 
-    delay = directive.delay if directive.delay is not None else defaults.delay_s
-    if delay > 0:
-        time.sleep(delay)
+    sleep_for(directive, defaults.delay_s)
     if directive.status is not None and directive.status >= 400:
         record(directive.status, used=0)
         return openai_error(directive.status, f"fake upstream error {directive.status}")
 
     usage = {
-        "prompt_tokens": prompt,
+        "prompt_tokens": bill.prompt,
         "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": bill.prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": bill.cached},
+        "completion_tokens_details": {"reasoning_tokens": n * out.reasoning},
     }
-    finish = "length" if cap is not None and wanted > cap else "stop"
-    text = f"Fake reply from {model}: {prompt} prompt + {completion} completion tokens."
+    finish = "length" if out.truncated else "stop"
+    text = (f"Fake reply from {model}: {bill.prompt} prompt + {completion} completion tokens.")
+    thought = f"Fake reasoning: {out.reasoning} tokens." if out.reasoning else ""
     base = {"id": f"chatcmpl-fake-{seq}", "created": state.now_ms() // 1000, "model": model}
 
     def charge() -> None:
@@ -192,10 +367,13 @@ def handle_chat(state: FakeState, header: Callable[[str], str | None],
 
     if not stream:
         charge()
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thought:
+            message["reasoning_content"] = thought
         answer = base | {
             "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": i, "message": message, "finish_reason": finish,
+                         "logprobs": None} for i in range(n)],
         }
         if not directive.usage_missing:
             answer["usage"] = usage
@@ -208,19 +386,96 @@ def handle_chat(state: FakeState, header: Callable[[str], str | None],
                 obj["usage"] = None
             return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
-        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                      "finish_reason": None}])
-        pieces = re.findall(r"\S+\s*", text)
-        if directive.cut is not None:
-            pieces = pieces[: directive.cut]
-        for piece in pieces:
-            yield chunk([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+        pieces = [("reasoning_content", p) for p in re.findall(r"\S+\s*", thought)]
+        pieces += [("content", p) for p in re.findall(r"\S+\s*", text)]
+        left = directive.cut
+        for i in range(n):
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                          "finish_reason": None}])
+            for key, piece in pieces:
+                if left is not None:
+                    if left <= 0:
+                        break
+                    left -= 1
+                yield chunk([{"index": i, "delta": {key: piece}, "finish_reason": None}])
         charge()
         if directive.cut is not None:
             return
-        yield chunk([{"index": 0, "delta": {}, "finish_reason": finish}])
+        for i in range(n):
+            yield chunk([{"index": i, "delta": {}, "finish_reason": finish}])
         if include_usage and not directive.usage_missing:
             yield chunk([], usage=usage)
         yield b"data: [DONE]\n\n"
 
     return StreamReply(frames(), cut=directive.cut is not None)
+
+
+# ----------------------------------------------------------------------------- embeddings
+
+
+def _embedding_inputs(value: Any) -> list[str | list[int]]:
+    """Ark's ``input``: a string, a token array, or a list of either; ValueError otherwise."""
+    def token_array(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if isinstance(value, str) or token_array(value):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) or token_array(v)
+                                                 for v in value):
+        return list(value)
+    raise ValueError("input must be a string, a token array or a non-empty list of them")
+
+
+def _vector(seed: int, dims: int = 8) -> list[float]:
+    return [round(((seed * 2654435761 + i * 40503) % 1000) / 1000 - 0.5, 3) for i in range(dims)]
+
+
+def handle_embeddings(state: FakeState, header: Callable[[str], str | None],
+                      body: bytes) -> Reply:
+    """Answer one embeddings request: usage is the input's tokens, no output."""
+    account = authenticate(state, header)
+    if account is None:
+        return openai_error(401, "The API key in the request is missing or invalid.")
+    try:
+        request = load_body(body)
+        inputs = _embedding_inputs(request.get("input"))
+        strings = [v for v in inputs if isinstance(v, str)]
+        directive = next((d for d in map(parse_directive_text, strings) if d != Directive()),
+                         Directive())
+        fmt = request.get("encoding_format")
+        if fmt not in (None, "float", "base64"):
+            raise ValueError("encoding_format must be float or base64")
+    except ValueError as exc:
+        return openai_error(400, str(exc))
+    defaults = state.get_chat_defaults()
+    model: str = request["model"]
+    pool = f"{account.name}/{model}"
+    if directive.prompt is not None:
+        prompt = directive.prompt
+    else:
+        prompt = sum(len(v) if isinstance(v, list) else count_text_tokens(v) for v in inputs)
+    seq = state.next_chat_seq()
+    record = ChatRecord(
+        seq=seq, at_ms=state.now_ms(), account=account.name, model=model, pool=pool,
+        stream=False, include_usage=False, max_tokens=None, max_completion_tokens=None,
+        prompt_tokens=prompt, completion_tokens=0, cached_tokens=0, consumed=prompt, billed=0,
+        status=200, usage_reported=not directive.usage_missing, endpoint="embeddings")
+    sleep_for(directive, defaults.delay_s)
+    if directive.status is not None and directive.status >= 400:
+        state.record_chat(replace(record, status=directive.status, consumed=0,
+                                  usage_reported=False))
+        return openai_error(directive.status, f"fake upstream error {directive.status}")
+    billed = state.consume(pool, prompt).billed
+    state.record_chat(replace(record, billed=billed, at_ms=state.now_ms()))
+    data = []
+    for i in range(len(inputs)):
+        vector = _vector(seq * 1000 + i)
+        embedding: Any = vector if fmt != "base64" else base64.b64encode(
+            struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    answer: dict[str, Any] = {"id": f"embd-fake-{seq}", "object": "list", "model": model,
+                              "created": state.now_ms() // 1000, "data": data}
+    if not directive.usage_missing:
+        answer["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt}
+    return json_reply(200, answer)

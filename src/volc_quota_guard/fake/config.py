@@ -6,7 +6,7 @@
     return_at: "10:30"                   # null: no return packages
     settlement_lag_minutes: 14
     noise: true                          # list the usual non-matching packages too
-    chat: {completion_tokens: 64, count_cached: true}
+    chat: {completion_tokens: 64, reasoning_tokens: 0, media_tokens: 200000, count_cached: true}
     accounts:
       default: {access_key: AK…, secret_key: SK…, api_keys: [ark-default]}
     pools:

@@ -1,4 +1,5 @@
-"""One local HTTP server that plays Volcengine: billing OpenAPI, Ark chat, admin endpoints.
+"""One local HTTP server that plays Volcengine: billing OpenAPI, the Ark data plane (chat,
+Responses, embeddings), admin endpoints.
 
     with FakeVolcengine({"acct-a": ("AK-a", "SK-a")}, clock=ManualClock(t0)) as fake:
         fake.add_package("acct-a/doubao-seed-2-1-pro-260628", 2_000_000)
@@ -11,6 +12,7 @@ delayed chat request does not hold up the billing API.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -20,15 +22,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .admin_api import handle_admin
-from .ark_api import StreamReply, handle_chat
+from .ark_api import StreamReply, handle_chat, handle_embeddings
 from .billing_api import Reply, handle_billing, json_reply
 from .clock import ScaledClock
 from .ledger import Ledger
-from .state import AccountSpec, ChatDefaults, FakeClock, FakeState
+from .responses_api import RESPONSES_PATH, handle_responses
+from .state import AccountSpec, ChatDefaults, FakeClock, FakeState, UpstreamRequest
 
 log = logging.getLogger(__name__)
 
 CHAT_PATHS = ("/api/v3/chat/completions", "/v1/chat/completions", "/chat/completions")
+EMBEDDING_PATHS = ("/api/v3/embeddings", "/v1/embeddings")
 DEFAULT_ACCOUNTS: dict[str, AccountSpec] = {
     "default": ("AKLTfakeDefaultAccessKey0001", "fakeDefaultSecretKey0001", "ark-default"),
 }
@@ -60,12 +64,19 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        if parts.path in CHAT_PATHS or parts.path in EMBEDDING_PATHS \
+                or parts.path.startswith(RESPONSES_PATH):
+            state.record_upstream(UpstreamRequest(self.command, parts.path, _parsed(body)))
         try:
             if parts.path.startswith("/_fake/"):
                 reply: Reply | StreamReply = handle_admin(
                     state, self.command, parts.path, parts.query, body)
             elif parts.path in CHAT_PATHS and self.command == "POST":
                 reply = handle_chat(state, self._header, body)
+            elif parts.path in EMBEDDING_PATHS and self.command == "POST":
+                reply = handle_embeddings(state, self._header, body)
+            elif parts.path == RESPONSES_PATH or parts.path.startswith(RESPONSES_PATH + "/"):
+                reply = handle_responses(state, self.command, parts.path, self._header, body)
             elif parts.path in ("", "/") and parts.query:
                 reply = handle_billing(state, self.command, parts.path or "/", parts.query,
                                        self._header, body)
@@ -109,6 +120,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         elif alive:
             self.connection.shutdown(socket.SHUT_RDWR)  # the stream breaks mid-body
+
+
+def _parsed(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return body.decode(errors="replace")
 
 
 class _Server(ThreadingHTTPServer):

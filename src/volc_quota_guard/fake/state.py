@@ -66,16 +66,22 @@ def make_account(name: str, spec: AccountSpec) -> FakeAccount:
 class ChatDefaults:
     """Usage the Ark endpoint reports when a request's directive does not say."""
 
-    completion_tokens: int = 64
-    prompt_tokens: int | None = None  # None: count the messages with litellm.token_counter
+    completion_tokens: int = 64  # the answer, per choice
+    prompt_tokens: int | None = None  # None: count the text with litellm.token_counter
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # per choice, while thinking is on (Ark's default)
+    media_tokens: int = 200_000  # per video / audio / file part (its content is unseen)
     count_cached: bool = True  # do cached prompt tokens consume free quota?
     delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class ChatRecord:
-    """One chat request as the upstream saw it."""
+    """One Ark data-plane request (chat, responses or embeddings) as the upstream saw it.
+
+    ``completion_tokens`` is all output (n × (answer + reasoning)); ``prompt_tokens`` all
+    billed input (text + media + a Responses chain). For Responses, ``max_completion_tokens``
+    holds ``max_output_tokens`` (the same meaning: it caps answer + reasoning)."""
 
     seq: int
     at_ms: int
@@ -93,9 +99,46 @@ class ChatRecord:
     billed: int
     status: int
     usage_reported: bool
+    endpoint: str = "chat"  # chat | responses | embeddings
+    n: int = 1
+    thinking: bool = False
+    reasoning_tokens: int = 0
+    media_tokens: int = 0
+    chain_tokens: int = 0  # input re-read from a stored previous_response_id chain
+    response_id: str | None = None
+    previous_response_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+UPSTREAM_LOG_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class UpstreamRequest:
+    """An Ark data-plane request exactly as it arrived (what LiteLLM finally sent)."""
+
+    method: str
+    path: str
+    body: Any  # the parsed JSON, or the raw text when it is not JSON
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A Responses API answer kept for ``previous_response_id`` (``store`` is true)."""
+
+    id: str
+    account: str
+    model: str
+    input_tokens: int  # its own chain included
+    output_tokens: int
+    body: dict[str, Any]
+
+    @property
+    def context_tokens(self) -> int:
+        """What a follow-up re-reads: this turn's whole input and its output."""
+        return self.input_tokens + self.output_tokens
 
 
 @dataclass
@@ -129,6 +172,8 @@ class FakeState:
         self._calls: dict[str, int] = {}
         self._chats: list[ChatRecord] = []
         self._chat_seq = 0
+        self._responses: dict[str, StoredResponse] = {}
+        self._upstream: deque[UpstreamRequest] = deque(maxlen=UPSTREAM_LOG_SIZE)
 
     # ------------------------------------------------------------- accounts
 
@@ -302,5 +347,30 @@ class FakeState:
             return list(self._chats)
 
     def clear_chat_requests(self) -> None:
+        """Forget the recorded requests (the chat records and the raw upstream log)."""
         with self.lock:
             self._chats.clear()
+            self._upstream.clear()
+
+    def record_upstream(self, request: UpstreamRequest) -> None:
+        with self.lock:
+            self._upstream.append(request)
+
+    def upstream_requests(self) -> list[UpstreamRequest]:
+        """The last 1,000 Ark data-plane requests as received: method, path, JSON body."""
+        with self.lock:
+            return list(self._upstream)
+
+    # ------------------------------------------------------------- stored responses
+
+    def store_response(self, response: StoredResponse) -> None:
+        with self.lock:
+            self._responses[response.id] = response
+
+    def stored_response(self, response_id: str) -> StoredResponse | None:
+        with self.lock:
+            return self._responses.get(response_id)
+
+    def delete_response(self, response_id: str) -> bool:
+        with self.lock:
+            return self._responses.pop(response_id, None) is not None
