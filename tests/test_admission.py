@@ -199,3 +199,22 @@ def test_big_prompts_are_flagged_for_a_worker_thread() -> None:
     """Above THREAD_ABOVE_CHARS of text the count is worth a thread; a short prompt is not."""
     assert not estimate.is_big(chat("short"))
     assert estimate.is_big(chat("长" * (estimate.THREAD_ABOVE_CHARS + 1)))
+
+
+def test_image_pixel_limit_moves_the_bounds_both_ways() -> None:
+    """`min_pixels` scales a small image up (more tokens); `max_pixels` raises the cap for a URL."""
+    small = {"type": "image_url", "image_url": {"url": png(28, 28), "detail": "low"},
+             "image_pixel_limit": {"min_pixels": 784 * 500}}
+    assert media.image_tokens(small) == 500
+    remote = {"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"},
+              "image_pixel_limit": {"max_pixels": 784 * 9_000}}
+    assert media.image_tokens(remote) == 9_000
+    with pytest.raises(media.MediaError):
+        media.image_tokens({"type": "image_url", "image_url": {"url": "x"},
+                            "image_pixel_limit": {"max_pixels": "lots"}})
+
+
+def test_conflicting_thinking_switches_count_as_thinking() -> None:
+    """An off switch with another switch asking for thinking still gets the allowance."""
+    on = size(chat(max_tokens=100, thinking={"type": "disabled"}, reasoning_effort="high"), CHAT, LIMITS)
+    assert on.reasoning == 8_192

@@ -200,14 +200,16 @@ def choices(view: Mapping[str, Any]) -> int:
 
 
 def thinking_possible(view: Mapping[str, Any]) -> bool:
-    """False only when the request switches deep thinking off; Ark's default is model-dependent."""
+    """False only when the request switches deep thinking off and nothing asks for it (Ark's
+    default is model-dependent, so conflicting switches count as on)."""
     thinking = view.get("thinking")
-    if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
-        return False
-    if view.get("reasoning_effort") == "minimal":
-        return False
+    kind = thinking.get("type") if isinstance(thinking, Mapping) else None
     reasoning = view.get("reasoning")
-    return not (isinstance(reasoning, Mapping) and reasoning.get("effort") == "minimal")
+    efforts = [view.get("reasoning_effort"),
+               reasoning.get("effort") if isinstance(reasoning, Mapping) else None]
+    if kind in ("enabled", "auto") or any(e not in (None, "minimal") for e in efforts):
+        return True
+    return not (kind == "disabled" or "minimal" in efforts)
 
 
 def plan_output(*, answer_cap: int | None, total_cap: int | None, thinking: bool, limits: Limits,

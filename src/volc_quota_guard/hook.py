@@ -516,7 +516,25 @@ class QuotaGuard(CustomLogger):
         if isinstance(state, RequestState) and state.live:
             state.stream = response  # LiteLLM's wrapper keeps the raw chunks as `.chunks`
         async for item in response:
+            if isinstance(state, RequestState) and getattr(item, "type", None) == "response.completed":
+                for res in list(state.live.values()):  # before the client can send a follow-up
+                    await self._record_stored(res, getattr(item, "response", None))
             yield item
+
+    # ---- stored responses ----------------------------------------------------------------
+
+    async def async_post_call_success_deployment_hook(self, request_data: dict, response: Any,
+                                                      call_type: Any) -> Any | None:
+        """Record a stored response's size before the client gets its id (a follow-up naming it
+        may arrive before the success event settles)."""
+        try:
+            model_id = str(model_info_of(request_data).get("id") or "")
+            res = self._stashed(request_data, model_id) if model_id else None
+            if res is not None:
+                await self._record_stored(res, response)
+        except Exception:  # noqa: BLE001  follow-ups are then sized as unknown: safe
+            log.exception("recording a stored response failed")
+        return None
 
     # ---- settle ----------------------------------------------------------------------------
 
@@ -563,14 +581,17 @@ class QuotaGuard(CustomLogger):
         measured_input = reading.prompt if reading.source == "measured" else None
         d = await self.gate().settle(res.pool, res.rid, actual, measured_input)
         self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
-        await self._remember_stored(res, response_obj, reading.prompt + reading.completion
-                                    if reading.source == "measured" else res.granted)
+        await self._record_stored(res, response_obj)
 
-    async def _remember_stored(self, res: Reservation, response_obj: Any, tokens: int) -> None:
-        """A Responses API answer may be stored: its conversation's size sizes follow-ups."""
+    async def _record_stored(self, res: Reservation, response_obj: Any) -> None:
+        """A Responses API answer may be stored: the conversation it ends (its input, which
+        holds any earlier chain, plus its output) sizes follow-ups that name it. Without
+        measured usage the reservation's size stands in (it covered the whole call)."""
         if getattr(response_obj, "object", None) != "response":
             return
         rid = upstream_response_id(getattr(response_obj, "id", None))
+        reading = read_usage(response_obj, count_cached=True)
+        tokens = reading.tokens if reading.source == "measured" and reading.tokens else res.granted
         if rid is not None and tokens > 0:
             await self.gate().remember_response(res.pool, rid, tokens, RESPONSE_RECORD_S)
 

@@ -30,21 +30,19 @@ class MediaError(ValueError):
 
 def image_tokens(part: Mapping[str, object]) -> int:
     """Tokens Ark bills for one image part (OpenAI chat ``image_url`` or Responses ``input_image``)."""
-    url, detail, limit = _image_fields(part)
+    url, detail, (least_pixels, cap) = _image_fields(part)
     level = "low" if detail == "low" else "high"
-    cap_pixels = MAX_PIXELS[level]
-    if limit is not None:
-        cap_pixels = limit
-    most = max(MAX_TOKENS[level], math.ceil(cap_pixels / PIXELS_PER_TOKEN))
+    cap_pixels = MAX_PIXELS[level] if cap is None else cap
+    most = max(MAX_TOKENS[level], math.ceil(max(cap_pixels, least_pixels) / PIXELS_PER_TOKEN))
     size = data_url_size(url) if url.startswith("data:") else None
     if size is None:
         return most  # a remote image (or unreadable data): the most Ark can bill for it
     w, h = size
-    pixels = min(w * h, cap_pixels)  # scaled down to the bound first
+    pixels = max(min(w * h, cap_pixels), least_pixels)  # scaled down, or up to min_pixels
     return min(math.ceil(pixels / PIXELS_PER_TOKEN), most)
 
 
-def _image_fields(part: Mapping[str, object]) -> tuple[str, str, int | None]:
+def _image_fields(part: Mapping[str, object]) -> tuple[str, str, tuple[int, int | None]]:
     raw = part.get("image_url", part.get("url"))
     detail = part.get("detail")
     source = part.get("source")  # Anthropic: {"type": "base64", "media_type", "data"} or a url
@@ -60,13 +58,18 @@ def _image_fields(part: Mapping[str, object]) -> tuple[str, str, int | None]:
     nested = part.get("image_url")
     if isinstance(nested, Mapping):
         limit = nested.get("image_pixel_limit", limit)
-    max_pixels: int | None = None
+    bounds: tuple[int, int | None] = (0, None)
     if limit is not None:
-        value = limit.get("max_pixels") if isinstance(limit, Mapping) else None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MediaError("image_pixel_limit needs an integer max_pixels the guard can bound")
-        max_pixels = value
-    return raw, str(detail or "high"), max_pixels
+        if not isinstance(limit, Mapping):
+            raise MediaError("image_pixel_limit must be an object")
+        found = []
+        for name in ("min_pixels", "max_pixels"):
+            value = limit.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise MediaError(f"image_pixel_limit.{name} must be a positive integer")
+            found.append(value)
+        bounds = (found[0] or 0, found[1])
+    return raw, str(detail or "high"), bounds
 
 
 def data_url_size(url: str) -> tuple[int, int] | None:
