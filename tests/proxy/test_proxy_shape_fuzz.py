@@ -1,0 +1,202 @@
+"""Fuzz of request *shapes* through a real proxy against the faithful fake Ark (issue 13's class).
+
+Hypothesis draws bodies a client could send — `extra_body` overrides, `n`, thinking switches,
+every cap field (good and bad), streams, images and video parts, Responses chains, embeddings,
+comma fan-outs — one at a time. For each, Ark's ledger must show at most what the guard reserved
+for that call (the `reserved=` of its Usage line; nothing at all when the guard refused), and no
+answer may be a 5xx. Two pools take the traffic: a large one, and a small one that reaches its
+wall, where the fake's `billed` must stay 0. `VQG_SHAPE_FUZZ_EXAMPLES` sets the number of
+bodies (default 300; CI runs the default).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from proxy_support import MASTER_KEY, Proxy, call_id, start_proxy, stop_proxy, sync_env
+
+from volc_quota_guard.fake import FakeVolcengine
+
+pytestmark = pytest.mark.proxy
+EXAMPLES = int(os.environ.get("VQG_SHAPE_FUZZ_EXAMPLES", "300"))
+POOLS = {"fz-big": ("acct-c/fz-big-260101", 20_000_000), "fz-small": ("acct-c/fz-small-260101", 150_000)}
+RESERVED = re.compile(r"reserved=(\d+)")
+
+
+def _config(config: dict[str, Any]) -> dict[str, Any]:
+    for name, (pool, _) in POOLS.items():
+        for kind in ("chat", "embed"):
+            info: dict[str, Any] = {"id": f"{name}-{kind}@acct-c", "vqg_account": "acct-c"}
+            if kind == "embed":
+                info["mode"] = "embedding"
+            config["model_list"].append({
+                "model_name": name if kind == "chat" else f"{name}-embed",
+                "litellm_params": {"model": f"volcengine/{pool.split('/')[1]}",
+                                   "api_base": "os.environ/VOLCENGINE_API_BASE",
+                                   "api_key": "os.environ/ARK_API_KEY_ACCT_C"},
+                "model_info": info})
+    return config
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
+           prefix: str) -> Iterator[Proxy]:
+    """A syncing proxy in front of the fake, two pools (one small enough to reach its wall)."""
+    for pool, free in POOLS.values():
+        fake.add_package(pool, free)
+    env = sync_env(fake, VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="500")
+    p = start_proxy(tmp_path_factory.mktemp("shape-fuzz"), fake, store_url, prefix, env=env,
+                    config=_config)
+    for pool, free in POOLS.values():
+        p.wait_for_log(rf"\[Sync\] {pool}: Bal={free:,}")
+    yield p
+    stop_proxy(p)
+
+
+def png(width: int, height: int) -> str:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(
+        ">I", zlib.crc32(b"IHDR" + ihdr))
+    return "data:image/png;base64," + base64.b64encode(body).decode()
+
+
+texts = st.sampled_from(["hi", "火山方舟免费额度", "word " * 300, "长文本" * 700, "code(x) {} " * 200])
+directives = st.builds(lambda c, r, m: f" [[fake completion={c} reasoning={r}{' usage=missing' if m else ''}]]",
+                       st.integers(0, 6_000), st.integers(0, 9_000), st.booleans())
+images = st.builds(lambda w, h, d, remote: {"type": "image_url", "image_url": {
+    "url": "https://img.invalid/a.png" if remote else png(w, h), **({"detail": d} if d else {})}},
+    st.integers(1, 5_000), st.integers(1, 5_000), st.sampled_from([None, "low", "high", "auto"]),
+    st.booleans())
+video = st.just({"type": "video_url", "video_url": {"url": "https://v.invalid/v.mp4"}})
+thinking = st.sampled_from([None, {"type": "enabled"}, {"type": "disabled"}, {"type": "auto"}])
+caps = st.one_of(st.none(), st.integers(1, 9_000), st.sampled_from([0, -5, "100", 10**9]))
+small_n = st.one_of(st.none(), st.integers(1, 5), st.sampled_from([17, 40, 0]))
+
+
+@st.composite
+def chat_body(draw: st.DrawFn) -> dict[str, Any]:
+    parts: list[Any] = [{"type": "text", "text": draw(texts) + draw(directives)}]
+    parts += draw(st.lists(st.one_of(images, video), max_size=2))
+    content: Any = parts[0]["text"] if len(parts) == 1 and draw(st.booleans()) else parts
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": content}]}
+    for name, strategy in (("max_tokens", caps), ("max_completion_tokens", caps), ("n", small_n),
+                           ("thinking", thinking)):
+        value = draw(strategy)
+        if value is not None:
+            body[name] = value
+    if draw(st.booleans()):
+        extra: dict[str, Any] = {}
+        for name, strategy in (("max_tokens", caps), ("max_completion_tokens", caps), ("n", small_n),
+                               ("thinking", thinking),
+                               ("reasoning_effort", st.sampled_from([None, "minimal", "high"])),
+                               ("mystery", st.sampled_from([None, "x" * 4_000])),
+                               ("messages", st.sampled_from([None, [
+                                   {"role": "user", "content": "big " * 3_000 + " [[fake completion=500]]"}]]))):
+            value = draw(strategy)
+            if value is not None:
+                extra[name] = value
+        body["extra_body"] = extra
+    body["stream"] = draw(st.booleans())
+    return body
+
+
+@st.composite
+def responses_body(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {"input": draw(texts) + draw(directives)}
+    if draw(st.booleans()):
+        body["instructions"] = draw(texts)
+    cap = draw(caps)
+    if cap is not None:
+        body["max_output_tokens"] = cap
+    if draw(st.booleans()):
+        body["reasoning"] = {"effort": draw(st.sampled_from(["minimal", "low", "high"]))}
+    body["previous_response_id"] = draw(st.sampled_from(["<last>", "<last>", None, "resp_bogus"]))
+    if draw(st.booleans()):
+        body["extra_body"] = {"input": "extra " * draw(st.integers(1, 3_000))}
+    body["stream"] = draw(st.booleans())
+    return body
+
+
+@st.composite
+def request(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    pool = draw(st.sampled_from(sorted(POOLS)))
+    kind = draw(st.sampled_from(["chat"] * 5 + ["responses"] * 2 + ["embed", "fanout"]))
+    if kind == "embed":
+        body: dict[str, Any] = {"model": f"{pool}-embed", "input": draw(st.one_of(texts, st.lists(texts, max_size=3)))}
+        if draw(st.booleans()):
+            body["extra_body"] = {"input": draw(texts)}
+        return "/v1/embeddings", body
+    if kind == "responses":
+        return "/v1/responses", {"model": pool, **draw(responses_body())}
+    model = f"{pool},{pool}" if kind == "fanout" else pool
+    return "/v1/chat/completions", {"model": model, **draw(chat_body())}
+
+
+class Run:
+    """What the fuzz has seen so far: the last stored response per pool, outcome counts."""
+
+    def __init__(self) -> None:
+        self.last_response: dict[str, str] = {}
+        self.codes: dict[int, int] = {}
+
+
+def send(proxy: Proxy, path: str, body: dict[str, Any], cid: str) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid}
+    with httpx.stream("POST", f"{proxy.url}{path}", json=body, headers=headers, timeout=120) as r:
+        text = r.read().decode(errors="replace")
+        return r.status_code, text
+
+
+def test_no_request_shape_bills_more_than_its_reservation(fuzzed: Proxy) -> None:
+    """Over a few hundred drawn bodies: Ark's ledger never holds more for a call than the guard
+    reserved for it, refusals reach no upstream, no 5xx, and the small pool bills 0 at its wall."""
+    run = Run()
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(request())
+    def one(drawn: tuple[str, dict[str, Any]]) -> None:
+        path, body = drawn
+        pool = body["model"].split(",")[0].removesuffix("-embed")
+        if body.get("previous_response_id") == "<last>":
+            body["previous_response_id"] = run.last_response.get(pool, "resp_none")
+        before = len(fuzzed.fake.chat_requests())
+        cid = call_id()
+        code, text = send(fuzzed, path, body, cid)
+        run.codes[code] = run.codes.get(code, 0) + 1
+        assert code < 500, (code, text[:500], body)
+        new = fuzzed.fake.chat_requests()[before:]
+        if code != 200:
+            if code in (400, 429) and not new:
+                return
+            # a failed upstream call (the fake's own 400) keeps or releases its reservation
+        lines = fuzzed.wait_for_log(rf"(\[Usage\]|\[RELEASE\]).*call={cid}\b", timeout=30) if new else []
+        consumed = sum(r.consumed for r in new)
+        held = sum(int(m.group(1)) for ln in lines if (m := RESERVED.search(ln)))
+        released = any("[RELEASE]" in ln for ln in lines)
+        assert len(new) <= 1 and (consumed == 0 or (held >= consumed and not released)), (
+            consumed, lines, body)
+        if path == "/v1/responses" and code == 200 and not body.get("stream"):
+            run.last_response[pool] = httpx.Response(200, text=text).json()["id"]
+
+    one()
+    print(f"\nshape fuzz: {EXAMPLES} bodies, answers {dict(sorted(run.codes.items()))}")
+    deadline = time.monotonic() + 30
+    for pool, _ in POOLS.values():
+        while fuzzed.state(pool).get("inflight") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fuzzed.state(pool).get("inflight") == 0, pool
+        assert fuzzed.fake.pool_totals(pool).billed == 0, (pool, fuzzed.fake.pool_totals(pool))
+    assert run.codes.get(200, 0) >= EXAMPLES // 10, run.codes  # the fuzz reached the upstream
+    assert "guard error, request refused" not in fuzzed.log()
