@@ -34,6 +34,7 @@ ARK_MAX_COMPLETION_TOKENS = 65_536  # Ark's range for max_completion_tokens
 MAX_OUTPUT_TOKENS = estimate.MAX_OUTPUT_TOKENS
 DEFAULT_REASONING_TOKENS = 8_192  # reasoning allowance when a deployment does not say
 OUTPUT_PARAMS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+TEMPLATE_TOKENS = 8  # chat-template tokens Ark adds around each message it builds from a field
 
 
 @dataclass(frozen=True)
@@ -305,6 +306,8 @@ def count_input(view: Mapping[str, Any], route: Route, limits: Limits) -> int:
         value = view.get(name)
         if value is not None:
             total += _text_field(name, value, limits)
+            if route.kind != "embedding":  # each piece becomes a templated message upstream
+                total += TEMPLATE_TOKENS * (len(value) if isinstance(value, list) else 1)
     for name, value in view.items():  # anything else Ark receives: its bytes bound its tokens
         if name in route.text_fields or name in _UNBILLED or (name == "tools" and route.kind != "responses"):
             continue
@@ -418,7 +421,7 @@ def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
         else:
             text, tokens = _parts(content, f"{where}.content", limits)
         rest = {k: v for k, v in item.items() if k not in ("content", "type", "role")}
-        return estimate.count_text(text) + tokens + (_byte_bound(rest) if rest else 0) + 4
+        return estimate.count_text(text) + tokens + (_byte_bound(rest) if rest else 0)
     return _byte_bound(item)
 
 

@@ -37,7 +37,8 @@ RESERVED = re.compile(r"reserved=(\d+)")
 def _config(config: dict[str, Any]) -> dict[str, Any]:
     for name, (pool, _) in POOLS.items():
         for kind in ("chat", "embed"):
-            info: dict[str, Any] = {"id": f"{name}-{kind}@acct-c", "vqg_account": "acct-c"}
+            info: dict[str, Any] = {"id": f"{name}-{kind}@acct-c", "vqg_account": "acct-c",
+                                    "max_input_tokens": 131_072}  # sizes unknown response chains
             if kind == "embed":
                 info["mode"] = "embedding"
             config["model_list"].append({
@@ -72,22 +73,27 @@ def png(width: int, height: int) -> str:
 
 
 texts = st.sampled_from(["hi", "火山方舟免费额度", "word " * 300, "长文本" * 700, "code(x) {} " * 200])
-directives = st.builds(lambda c, r, m: f" [[fake completion={c} reasoning={r}{' usage=missing' if m else ''}]]",
-                       st.integers(0, 6_000), st.integers(0, 9_000), st.booleans())
+directives = st.builds(
+    lambda c, r, m: f" [[fake completion={c} reasoning={r}{' usage=missing' if m else ''}]]",
+    st.integers(0, 8_000), st.integers(0, 30_000), st.booleans())
 images = st.builds(lambda w, h, d, remote: {"type": "image_url", "image_url": {
     "url": "https://img.invalid/a.png" if remote else png(w, h), **({"detail": d} if d else {})}},
     st.integers(1, 5_000), st.integers(1, 5_000), st.sampled_from([None, "low", "high", "auto"]),
     st.booleans())
 video = st.just({"type": "video_url", "video_url": {"url": "https://v.invalid/v.mp4"}})
 thinking = st.sampled_from([None, {"type": "enabled"}, {"type": "disabled"}, {"type": "auto"}])
-caps = st.one_of(st.none(), st.integers(1, 9_000), st.sampled_from([0, -5, "100", 10**9]))
-small_n = st.one_of(st.none(), st.integers(1, 5), st.sampled_from([17, 40, 0]))
+caps = st.one_of(st.none(), st.integers(1, 9_000))
+small_n = st.one_of(st.none(), st.integers(1, 4))
+# One body in ~8 carries one field the guard must refuse (a 400 naming it).
+faults = st.sampled_from([None] * 7 + [("max_tokens", 0), ("max_completion_tokens", "100"),
+                                       ("max_tokens", 10**9), ("n", 40), ("n", 0), ("video", None)])
 
 
 @st.composite
 def chat_body(draw: st.DrawFn) -> dict[str, Any]:
     parts: list[Any] = [{"type": "text", "text": draw(texts) + draw(directives)}]
-    parts += draw(st.lists(st.one_of(images, video), max_size=2))
+    fault = draw(faults)
+    parts += draw(st.lists(images, max_size=2)) + ([draw(video)] if fault == ("video", None) else [])
     content: Any = parts[0]["text"] if len(parts) == 1 and draw(st.booleans()) else parts
     body: dict[str, Any] = {"messages": [{"role": "user", "content": content}]}
     for name, strategy in (("max_tokens", caps), ("max_completion_tokens", caps), ("n", small_n),
@@ -101,12 +107,16 @@ def chat_body(draw: st.DrawFn) -> dict[str, Any]:
                                ("thinking", thinking),
                                ("reasoning_effort", st.sampled_from([None, "minimal", "high"])),
                                ("mystery", st.sampled_from([None, "x" * 4_000])),
-                               ("messages", st.sampled_from([None, [
-                                   {"role": "user", "content": "big " * 3_000 + " [[fake completion=500]]"}]]))):
+                               ("messages", st.sampled_from([None, [{
+                                   "role": "user",
+                                   "content": "big " * 3_000 + " [[fake completion=500]]"}]]))):
             value = draw(strategy)
             if value is not None:
                 extra[name] = value
         body["extra_body"] = extra
+    if fault is not None and fault[0] != "video":
+        where = body["extra_body"] if "extra_body" in body and draw(st.booleans()) else body
+        where[fault[0]] = fault[1]
     body["stream"] = draw(st.booleans())
     return body
 
@@ -121,7 +131,7 @@ def responses_body(draw: st.DrawFn) -> dict[str, Any]:
         body["max_output_tokens"] = cap
     if draw(st.booleans()):
         body["reasoning"] = {"effort": draw(st.sampled_from(["minimal", "low", "high"]))}
-    body["previous_response_id"] = draw(st.sampled_from(["<last>", "<last>", None, "resp_bogus"]))
+    body["previous_response_id"] = draw(st.sampled_from(["<last>"] * 3 + [None] * 2 + ["resp_bogus"]))
     if draw(st.booleans()):
         body["extra_body"] = {"input": "extra " * draw(st.integers(1, 3_000))}
     body["stream"] = draw(st.booleans())
@@ -131,9 +141,10 @@ def responses_body(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def request(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     pool = draw(st.sampled_from(sorted(POOLS)))
-    kind = draw(st.sampled_from(["chat"] * 5 + ["responses"] * 2 + ["embed", "fanout"]))
+    kind = draw(st.sampled_from(["chat"] * 10 + ["responses"] * 4 + ["embed"] * 2 + ["fanout"]))
     if kind == "embed":
-        body: dict[str, Any] = {"model": f"{pool}-embed", "input": draw(st.one_of(texts, st.lists(texts, max_size=3)))}
+        body: dict[str, Any] = {"model": f"{pool}-embed",
+                                "input": draw(st.one_of(texts, st.lists(texts, max_size=3)))}
         if draw(st.booleans()):
             body["extra_body"] = {"input": draw(texts)}
         return "/v1/embeddings", body
