@@ -25,6 +25,7 @@ from .billing_api import Reply, handle_billing, json_reply
 from .clock import ScaledClock
 from .ledger import Ledger
 from .state import AccountSpec, ChatDefaults, FakeClock, FakeState
+from .tokenize_api import TOKENIZE_PATHS, handle_tokenize
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class _Handler(BaseHTTPRequestHandler):
                     state, self.command, parts.path, parts.query, body)
             elif parts.path in CHAT_PATHS and self.command == "POST":
                 reply = handle_chat(state, self._header, body)
+            elif parts.path in TOKENIZE_PATHS and self.command == "POST":
+                reply = handle_tokenize(state, self._header, body)
             elif parts.path in ("", "/") and parts.query:
                 reply = handle_billing(state, self.command, parts.path or "/", parts.query,
                                        self._header, body)
