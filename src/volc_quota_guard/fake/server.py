@@ -28,6 +28,7 @@ from .clock import ScaledClock
 from .ledger import Ledger
 from .responses_api import RESPONSES_PATH, handle_responses
 from .state import AccountSpec, ChatDefaults, FakeClock, FakeState, UpstreamRequest
+from .tokenize_api import TOKENIZE_PATHS, handle_tokenize
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class _Handler(BaseHTTPRequestHandler):
                 reply = handle_embeddings(state, self._header, body)
             elif parts.path == RESPONSES_PATH or parts.path.startswith(RESPONSES_PATH + "/"):
                 reply = handle_responses(state, self.command, parts.path, self._header, body)
+            elif parts.path in TOKENIZE_PATHS and self.command == "POST":
+                reply = handle_tokenize(state, self._header, body)
             elif parts.path in ("", "/") and parts.query:
                 reply = handle_billing(state, self.command, parts.path or "/", parts.query,
                                        self._header, body)

