@@ -79,6 +79,8 @@ REFUSED_RETRY_AFTER_S = 60  # not evicted, just too big now: in-flight requests 
 FAR_FUTURE_MS = 2 * 86_400_000  # farther than this = "until the next snapshot"
 REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's deadline 4x
 CLAMP_HEADER = "x-vqg-clamped-max-tokens"
+ROUTING_READ_KEY = "vqg_routing_read"  # metadata: token of the pre-call hook's eviction read
+ROUTING_READ_S = 2.0  # the filter reuses that read if it is younger than this
 RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
 
 
@@ -135,6 +137,7 @@ class QuotaGuard(CustomLogger):
             weakref.WeakKeyDictionary())
         self._reservations: dict[str, Reservation] = {}  # rid -> live reservation (this process)
         self._sees_sends = False  # log_pre_api_call fires here, so "never sent" is knowable
+        self._routing_reads: dict[str, tuple[dict[str, int], float]] = {}  # token -> (read, at)
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -234,7 +237,8 @@ class QuotaGuard(CustomLogger):
         admission.validate(data, route)  # a malformed request is the client's 400, before routing
         if not all_guarded:
             return None  # unguarded deployments remain: the filter routes around evicted pools
-        evicted = await self.gate().evicted_until([g.pool for g in guarded])
+        evicted = await self._evicted([g.pool for g in guarded])
+        self._keep_routing_read(data, evicted)
         now = _now_ms()
         if all(until > now for until in evicted.values()):
             await self._refuse_group(model, guarded, evicted, data, route)
@@ -313,7 +317,7 @@ class QuotaGuard(CustomLogger):
             return healthy
         state = request_state(request_kwargs)
         try:
-            evicted = await self.gate().evicted_until(sorted({g.pool for g in guards.values()}))
+            evicted = await self._evicted(sorted({g.pool for g in guards.values()}), request_kwargs)
         except StoreUnavailable as exc:
             if self.fail_open:
                 log.error("⚠️ [FAIL-OPEN] quota store unreachable, routing unguarded: %s", exc)
@@ -342,6 +346,32 @@ class QuotaGuard(CustomLogger):
         raise QuotaRefused(message=_message(model, [g.pool for g in gone], why, wait),
                            llm_provider="volcengine", model=model,
                            headers={"retry-after": str(wait)}, num_retries=0)
+
+    async def _evicted(self, pools: list[str], request: Mapping[str, Any] | None = None
+                       ) -> dict[str, int]:
+        """Each pool's eviction deadline (host clock). The routing filter reuses the read the
+        pre-call hook made for the same request moments earlier (one round trip, not two);
+        the token in the request's metadata only points into this process's own table."""
+        now = time.monotonic()
+        for md in metadatas(request or {}):
+            token = md.get(ROUTING_READ_KEY)
+            found = self._routing_reads.get(token) if isinstance(token, str) else None
+            if found is not None and now - found[1] < ROUTING_READ_S and set(pools) <= found[0].keys():
+                return {p: found[0][p] for p in pools}
+        return await self.gate().evicted_until(pools)
+
+    def _keep_routing_read(self, data: dict[str, Any], read: dict[str, int]) -> None:
+        now = time.monotonic()
+        for token in [t for t, (_, at) in self._routing_reads.items() if now - at >= ROUTING_READ_S]:
+            del self._routing_reads[token]
+        token = uuid.uuid4().hex
+        self._routing_reads[token] = (read, now)
+        key = metadata_key(data)
+        md = data.get(key)
+        if not isinstance(md, dict):
+            md = {}
+            data[key] = md
+        md[ROUTING_READ_KEY] = token
 
     def _store_down(self, model: str, exc: Exception) -> QuotaStoreDown:
         err = QuotaStoreDown(
