@@ -25,8 +25,8 @@ import fakeredis
 from ..billing import ResourcePackage
 from ..clock import ManualClock, beijing_day
 from ..config import MIN_OUTPUT_TOKENS, Settings
-from ..fake.ledger import Ledger
 from ..errors import GateError
+from ..fake.ledger import Ledger
 from ..gate import Gate
 from ..keys import KeySpace
 from ..limit import LimitResult
