@@ -47,8 +47,9 @@ class Settings(BaseSettings):
                     "lost state); 0 = none until the hold ends.")
     unseen_day_tokens: int = Field(
         default=200_000, ge=0, le=1_000_000_000,
-        description="Today's usage the guard assumes it did not see when a pool's history begins "
-                    "(first start, lost state): the daily cap is lowered by this until Beijing midnight.")
+        description="Today's usage the guard assumes it did not see when a pool's history begins after "
+                    "Beijing midnight (a first start, lost state): the daily cap is lowered by this "
+                    "until midnight.")
     reservation_ttl_seconds: int = Field(
         default=900, ge=10, le=86_400,
         description="After this, an unsettled reservation counts as consumed.")

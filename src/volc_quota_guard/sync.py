@@ -254,6 +254,9 @@ class SyncService:
         # Where our history begins: the state's stamp, or now for the state this call creates.
         history_start = (status.get("hist_at") or 1) if exists else now
         seen = self.checkpoints.get(pool)
+        # A state this call creates is lost state when this process or the account's sync
+        # record knew an earlier generation, else a first start.
+        lost = not exists and (seen is not None or bool((meta or {}).get(f"gen:{pool}")))
         if not state.lags and seen is not None and seen.lags:
             state = replace(state, lags=seen.lags)  # the estimator's state went: keep what we saw
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
@@ -277,7 +280,7 @@ class SyncService:
         gen = (h or {}).get("hist_at") or history_start
         self.client.set(keys.limit_state, json.dumps(replace(result.state, generation=gen).to_json()))
         if not exists and h is not None:
-            self._history_began(pool, gen, seen, meta or {}, result, h)
+            self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
         if h is not None:
             self._remember(pool, gen, h, result.state.lags)
         today_usage = status.get("day_usage")
@@ -316,7 +319,7 @@ class SyncService:
         if result.held_until_ms:
             log.warning("🕒 [COLD-START] %s held until %s (Beijing): the balance API may not show "
                         "the last %d min of usage yet (the guard's history of this pool begins now; "
-                        "%s tokens of today's usage are assumed unseen)", pool,
+                        "%s tokens of today's usage assumed unseen)", pool,
                         f"{to_beijing(result.held_until_ms):%H:%M}",
                         -(-(result.held_until_ms - gen) // 60_000), f"{self.cfg.unseen_day_tokens:,}")
 

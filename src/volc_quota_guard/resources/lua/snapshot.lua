@@ -34,7 +34,8 @@ end
 local st = load()
 if not st.exists then
   st.day, st.hist_at = day_of(now), now
-  if unseen > 0 then st.day_lost, st.day_margin = st.day, unseen end
+  -- What ran today before the history began is not seen; a history from midnight misses nothing.
+  if unseen > 0 and now > st.day * 86400000 - 28800000 then st.day_lost, st.day_margin = st.day, unseen end
 elseif st.hist_at == 0 then
   st.hist_at = 1  -- a state from before history starts were kept: its history is as old as it
 end
