@@ -105,8 +105,14 @@ def test_a_wipe_right_after_heavy_traffic_holds_then_serves_and_bills_nothing(wo
     proxy, fake = world.proxy, world.fake
     if "[COLD-START]" in proxy.log() and not proxy.log().count("Bal="):
         serves_again(proxy, time.monotonic())  # run alone: wait out the first start's hold
+    synced = r"\[Sync\] acct-c/solo-model-260101: Bal="
+    seen = len(proxy.wait_for_log(synced, timeout=0))
     fake.add_package(POOL_SOLO, 300_000)
-    proxy.wait_for_log(r"\[Sync\] acct-c/solo-model-260101: Bal=3\d\d,\d\d\d", timeout=90)
+    deadline = time.monotonic() + 150
+    while not any(int(ln.split("Bal=")[1].split()[0].replace(",", "")) >= 300_000
+                  for ln in proxy.wait_for_log(synced, count=seen + 1, timeout=90)[seen:]):
+        assert time.monotonic() < deadline, "no sync saw the new package"
+        time.sleep(0.5)
     before = fake.pool_totals(POOL_SOLO).consumed
     for _ in range(15):
         assert ask(proxy)
