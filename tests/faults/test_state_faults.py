@@ -21,8 +21,8 @@ pytestmark = pytest.mark.proxy
 
 LAG_MINUTES = 0.5  # the fake's balance lag
 HOLD_S = 60  # VQG_LAG_FLOOR_MINUTES=1: the hold lasts Δ_assumed = 1 min
-PER_REQUEST = 10_020  # what one request consumes upstream (prompt 20 + completion 10,000)
-PROMPT = "[[fake prompt=20 completion=10000]] hello"
+PER_REQUEST = 4_020  # what one request consumes upstream (prompt 20 + completion 4,000)
+PROMPT = "[[fake prompt=20 completion=4000]] hello"
 
 
 @dataclass
@@ -52,10 +52,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 def ask(proxy: Proxy) -> bool:
-    """One 10,020-token request to the guarded `solo` pool (no fallback): served or refused."""
+    """One 4,020-token request to the guarded `solo` pool (no fallback): served or refused."""
     try:
         proxy.client().chat.completions.create(
-            model="solo", max_tokens=10_000, extra_headers={"x-litellm-call-id": call_id()},
+            model="solo", max_tokens=4_000, extra_headers={"x-litellm-call-id": call_id()},
             messages=[{"role": "user", "content": PROMPT}])
         return True
     except openai.RateLimitError:
@@ -70,7 +70,7 @@ def serves_again(proxy: Proxy, since: float, timeout: float = HOLD_S + 30) -> fl
     return time.monotonic() - since
 
 
-def until_refused(proxy: Proxy, most: int = 60) -> int:
+def until_refused(proxy: Proxy, most: int = 150) -> int:
     """Requests served, back to back, until the guard refuses one."""
     for n in range(most):
         if not ask(proxy):
@@ -114,7 +114,7 @@ def test_a_wipe_right_after_heavy_traffic_holds_then_serves_and_bills_nothing(wo
         assert time.monotonic() < deadline, "no sync saw the new package"
         time.sleep(0.5)
     before = fake.pool_totals(POOL_SOLO).consumed
-    for _ in range(15):
+    for _ in range(38):  # 152,760 tokens in a few seconds
         assert ask(proxy)
     assert fake.pool_totals(POOL_SOLO).consumed - before >= 150_000
     redis.Redis.from_url(world.store.url).flushall()
