@@ -41,6 +41,15 @@ class Settings(BaseSettings):
                            description="Collection cap per pool per Beijing day.")
     lag_floor_minutes: int = Field(default=20, ge=1, le=1440,
                                    description="Lowest settlement lag the limit assumes.")
+    cold_start_admit_tokens: int = Field(
+        default=0, ge=0, le=1_000_000_000,
+        description="Tokens a pool may use while its history is shorter than the lag (first start, "
+                    "lost state); 0 = none until the hold ends.")
+    unseen_day_tokens: int = Field(
+        default=200_000, ge=0, le=1_000_000_000,
+        description="Today's usage the guard assumes it did not see when a pool's history begins after "
+                    "Beijing midnight (a first start, lost state): the daily cap is lowered by this "
+                    "until midnight.")
     reservation_ttl_seconds: int = Field(
         default=900, ge=10, le=86_400,
         description="After this, an unsettled reservation counts as consumed.")

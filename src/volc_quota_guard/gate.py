@@ -25,7 +25,7 @@ from .errors import GateError, StoreUnavailable
 from .keys import KeySpace, PoolKeys
 from .store import is_cluster
 
-VERBS = ("reserve", "settle", "release", "snapshot", "status")
+VERBS = ("reserve", "settle", "release", "snapshot", "status", "recover")
 PPM = 1_000_000  # the estimate correction is carried in parts per million
 T = TypeVar("T")
 
@@ -87,6 +87,9 @@ class Snapshot:
     packages: list[dict[str, Any]] = field(default_factory=list)  # for status, not for the walls
     correction_min_ppm: int = 17 * PPM // 10  # k's floor, and k before any measured settle
     correction_max_ppm: int = 3 * PPM  # k never goes above this
+    hold_until_ms: int = 0  # > 0: the pool's history is too short to trust the balance (limit.py)
+    hold_cap: int = 0  # ... and lifetime usage may not pass this until a snapshot without a hold
+    unseen_day_tokens: int = 0  # when this snapshot creates the state: today's usage not seen
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,12 @@ class _Args:
     def snapshot(self, s: Snapshot) -> list[str]:
         return [_now_arg(self.clock), _num(s.balance), _num(s.settled_usage), _num(s.expiring),
                 _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
-                json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm)]
+                json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm),
+                _num(s.hold_until_ms) if s.hold_until_ms else "", _num(s.hold_cap),
+                _num(s.unseen_day_tokens)]
+
+    def recover(self, generation: int, day: int, seen_today: int) -> list[str]:
+        return [_now_arg(self.clock), _num(generation), _num(day), _num(seen_today)]
 
     def status(self) -> list[str]:
         return [_now_arg(self.clock)]
@@ -240,6 +248,21 @@ class Gate:
         # The index lives outside the pool's slot, so it cannot join the atomic call.
         _store_call(lambda: self.client.sadd(self.args.keyspace.pools_index(), pool))
         return decision
+
+    def recover(self, pool: str, generation: int, day: int, seen_today: int) -> Decision:
+        """Mark generation `generation` of the pool's state as lost state (not a first start) and
+        raise today's usage to `seen_today` (what this process saw before the loss) if `day` is
+        today. `reason` is 'recovered', or 'generation' when the state is another generation."""
+        return self._run("recover", pool, self.args.recover(generation, day, seen_today))
+
+    def history(self, pool: str) -> dict[str, int] | None:
+        """The pool's generation and today's count, one read: None when the pool has no state."""
+        names = ("hist_at", "hist_lost", "day", "day_usage", "inflight", "ucum", "snap_at")
+        keys = self.args.keys(pool)
+        vals = _store_call(lambda: self.client.hmget(keys.state, names))
+        if vals[-1] is None:
+            return None
+        return {n: int(v or 0) for n, v in zip(names, vals, strict=True)}
 
     def status(self, pool: str) -> PoolState:
         decision = self._run("status", pool, self.args.status())

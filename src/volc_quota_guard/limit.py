@@ -17,6 +17,14 @@ With an anchor, each later sync locates the API's settled-through point on our t
 before the end of the first minute (after the anchor) whose usage exceeds `F_anchor − Bal`, so
 `now − that minute's end` is a lower bound of the lag — an observed Δ.
 
+History start: the guard's timeline begins when the pool's state was created (a first start,
+or a new generation after the store lost its data). Whatever ran on the account in the Δ before
+that is unsettled and invisible to us, so an empty or short history is *unknown*, not quiet:
+until the history covers Δ_assumed the pool is held (lifetime usage of the new generation may
+not pass `VQG_COLD_START_ADMIT_TOKENS`, default 0); from then on `Bal + U(t − Δ_assumed)` holds
+again, because the API has settled everything before the history began. The exact anchor
+needs the history to cover the quiet stretch (and Δ_assumed) too.
+
 Billing: the API's balance lags consumption, so it is never below the true one. A balance of 0
 reached by a package running dry (it had tokens at the last sync and shows 0 now, still listed:
 consumed, not expired) means the free quota is spent and whatever ran since was billed. The
@@ -68,6 +76,7 @@ class LimitState:
     lags: tuple[tuple[int, int], ...] = ()  # (observed at ms, lag ms)
     last_sync_ms: int = 0
     billing_since_ms: int = 0  # when a sync first found the free quota spent (0 = not billing)
+    generation: int = 0  # the pool state's hist_at these estimates belong to (0 = unknown)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -89,6 +98,7 @@ class LimitState:
             lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
             billing_since_ms=int(raw.get("billing_since_ms") or 0),
+            generation=int(raw.get("generation") or 0),
         )
 
 
@@ -128,6 +138,8 @@ class LimitResult:
     notes: list[str] = field(default_factory=list)
     billing: bool = False  # the free quota is spent: consumption since it ran out was billed
     billing_started: bool = False  # ... and this sync is the first to see it
+    held_until_ms: int = 0  # > 0: the history is shorter than Δ_assumed; held until then
+    history_start_ms: int = 1
 
 
 def assumed_lag_ms(state: LimitState, now_ms: int, floor_ms: int) -> int:
@@ -148,9 +160,18 @@ def compute_limit(
     daily_cap: int,
     max_age_ms: int,
     evict_below: int,
+    history_start_ms: int = 1,
+    cold_start_admit: int = 0,
 ) -> LimitResult:
+    """The pool's snapshot. `history_start_ms` is where our usage timeline begins (the state's
+    hist_at; 1 = long ago): before it covers Δ_assumed the snapshot holds the pool, letting
+    lifetime usage reach at most `cold_start_admit`."""
     balance = sum(p.available for p in packages)
     notes: list[str] = []
+    if state.generation != history_start_ms and (state.generation, history_start_ms) != (0, 1):
+        # Estimates of another generation are in another generation's lifetime coordinates;
+        # what was learned about the API's lag still holds.
+        state = LimitState(lags=state.lags, generation=history_start_ms)
     before = dict(state.packages)
     ran_dry = any(before.get(p.instance_no, 0) > 0 and p.available == 0 for p in packages)
     state = _follow_package_changes(state, packages, notes)
@@ -161,7 +182,10 @@ def compute_limit(
         notes.append("free quota is back: the estimates start afresh")
         state = replace(state, billing_since_ms=0, lowest_free_total=None, anchor_free_total=None)
 
-    quiet = usage.inflight == 0 and usage.usage_at(now_ms - QUIET_MS) == usage.lifetime_usage
+    history_ms = now_ms - history_start_ms
+    quiet = (usage.inflight == 0
+             and history_ms >= max(QUIET_MS, assumed_lag_ms(state, now_ms, lag_floor_ms))
+             and usage.usage_at(now_ms - QUIET_MS) == usage.lifetime_usage)
     if quiet:
         state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms)
 
@@ -187,8 +211,15 @@ def compute_limit(
 
     lag = assumed_lag_ms(state, now_ms, lag_floor_ms)
     estimate = balance + usage.usage_at(now_ms - lag)
-    lowest = estimate if state.lowest_free_total is None else min(state.lowest_free_total, estimate)
-    state = replace(state, lowest_free_total=lowest, last_sync_ms=now_ms)
+    held_until = history_start_ms + lag if history_ms < lag else 0
+    if held_until:
+        # Usage from before our history may still be unsettled: this estimate is not a bound
+        # (nor is the anchor, which needs a covered quiet stretch). Keep it out of the state.
+        lowest = estimate if state.lowest_free_total is None else min(state.lowest_free_total, estimate)
+        state = replace(state, last_sync_ms=now_ms)
+    else:
+        lowest = estimate if state.lowest_free_total is None else min(state.lowest_free_total, estimate)
+        state = replace(state, lowest_free_total=lowest, last_sync_ms=now_ms)
     if external and state.anchor_free_total is not None:
         # Someone else drew on the pool: the anchor no longer holds; fall back to the estimates.
         lowest = min(lowest, state.anchor_free_total)
@@ -205,9 +236,11 @@ def compute_limit(
                    if p.expires_ms is not None and p.expires_ms <= valid_until)
     snapshot = Snapshot(balance=balance, settled_usage=settled_usage, expiring=expiring,
                         small_buffer=small_buffer, daily_cap=daily_cap,
-                        valid_until_ms=valid_until, evict_below=evict_below)
+                        valid_until_ms=valid_until, evict_below=evict_below,
+                        hold_until_ms=held_until, hold_cap=cold_start_admit if held_until else 0)
     return LimitResult(snapshot, state, balance, settled_usage, free_total, lag, observed,
-                       expiring, external, notes)
+                       expiring, external, notes, held_until_ms=held_until,
+                       history_start_ms=history_start_ms)
 
 
 def _spent(now_ms: int, packages: Sequence[PackageView], usage: UsageView, state: LimitState,

@@ -162,6 +162,14 @@ def pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
                            lambda r: int(bool(r["last_sync_error"]))),
         "vqg_billing": ("1 when a sync found the free quota spent: usage since then is billed",
                         lambda r: int(bool(r.get("billing_since_ms")))),
+        "vqg_held": ("1 while the pool is held: its history is shorter than the settlement lag "
+                     "(a first start or lost state)", lambda r: int(bool(r.get("held")))),
+        "vqg_held_until_seconds": ("When the pool's hold ends (Unix seconds; 0 = not held)",
+                                   lambda r: (r.get("held_until_ms") or 0) / 1000),
+        "vqg_state_lost": ("1 when the pool's current state was recreated after its data was lost",
+                           lambda r: int(bool(r.get("state_lost")))),
+        "vqg_unseen_today_tokens": ("Today's usage the guard assumes it did not see (taken off the "
+                                    "daily cap until Beijing midnight)", lambda r: r.get("unseen_today", 0)),
     }
     for name, (help_text, value) in flags.items():
         family = GaugeMetricFamily(name, help_text, labels=POOL_LABELS)

@@ -6,6 +6,14 @@ A sync is due when its adaptive interval has passed (normal, tighter when headro
 right after a package expiry) or when usage since the last sync passed the burst threshold.
 Time is the gate's — the Redis server's clock unless one is injected — so the lookups
 `U(t − Δ)` read the timeline on the clock that stamped it, whatever this host's clock says.
+
+History: the sync that creates a pool's state (its first, or the first after the store lost
+it) holds the pool until the history covers Δ_assumed (limit.py), and logs why: `🕒 [COLD-START]`
+when nobody knew the pool, `⛔ [STATE-LOST]` when this process (its checkpoint of each pool's
+generation and today's usage, read at every poll) or the account's sync record knew an
+earlier generation. A process that finds a generation changed under it reports the loss too
+and raises today's usage to its checkpoint (the gate's `recover`, a max): every process
+that saw the old day's count contributes it, and the hold itself is in Redis for all of them.
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import metrics
 from .billing import BillingClient, ResourcePackage
+from .clock import to_beijing
 from .config import Settings
 from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
 from .gate import Decision, Gate
@@ -46,7 +55,25 @@ LOCK_MS = 60_000  # long enough for a paginated listing with retries
 BURST_SPACING_MS = 60_000  # burst syncs at most once a minute per account
 RETRY_MS = 60_000  # after a failed sync, try again this soon
 TIMELINE_WINDOW_MS = 6 * 3_600_000  # how much of the usage timeline a sync reads
-BILLING_EVENT = {"vqg_billing": True}  # marks 💸 lines: a finding about the pool, not a sync failure
+HOLD_SLACK_MS = 1_000  # the sync after a hold runs this long after its end (Redis's clock moved on)
+BILLING_EVENT = {"vqg_billing": True}  # marks 💸 and ⛔ lines: a finding about the pool, not a sync failure
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What this process last saw of a pool's state (read at every poll)."""
+
+    generation: int  # the state's hist_at
+    day: int  # Beijing day of `today`
+    today: int  # today's usage + in-flight
+    lags: tuple[tuple[int, int], ...] = ()  # the limit estimator's observed lags
+
+
+def _hold_text(history_start: int, held_until: int) -> str:
+    if held_until <= history_start:
+        return ""
+    return (f"; held until {to_beijing(held_until):%H:%M} (Beijing): the balance API may not show "
+            f"the last {-(-(held_until - history_start) // 60_000)} min of usage yet")
 
 
 class PackageLister(Protocol):
@@ -86,6 +113,8 @@ class SyncService:
         self._listers: dict[str, PackageLister] = {}
         self.owner = uuid.uuid4().hex
         self.after_tick: list[Callable[[], object]] = []  # e.g. the consume task's schedule
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self._reported: set[tuple[str, int]] = set()  # (pool, generation) whose start was logged
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -133,6 +162,37 @@ class SyncService:
             if self.client.get(lock) in (self.owner, self.owner.encode()):
                 self.client.delete(lock)
 
+    # -- history: checkpoints and lost state ------------------------------------------------
+    def checkpoint(self, pool: str) -> None:
+        """Read the pool's generation and today's count; report a generation that changed."""
+        h = self.gate.history(pool)
+        if h is None:
+            return  # gone (or never synced): the sync that recreates it reports the loss
+        gen = h["hist_at"] or 1
+        seen = self.checkpoints.get(pool)
+        if seen is not None and seen.generation != gen:
+            self._state_lost(pool, gen, seen, "its counters, usage timeline and snapshot "
+                             "(another process recreated them)", h)
+        self._remember(pool, gen, h, seen.lags if seen and seen.generation == gen else ())
+
+    def _remember(self, pool: str, gen: int, h: dict[str, int],
+                  lags: tuple[tuple[int, int], ...]) -> None:
+        self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"], lags)
+
+    def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
+                    h: dict[str, int] | None = None) -> None:
+        """Log the loss once per generation; mark it in Redis and restore today's count."""
+        decision = self.gate.recover(pool, gen, seen.day if seen else 0, seen.today if seen else 0)
+        if (pool, gen) in self._reported or decision.reason != "recovered":
+            return
+        self._reported.add((pool, gen))
+        held_until = int(self.client.hget(self.keyspace.pool(pool).state, "hold_until") or 0)
+        today = (f"today's usage restored to {decision.used_today:,} from this process's checkpoint"
+                 if seen else "today's usage before the loss is unknown")
+        log.error("⛔ [STATE-LOST] %s: %s vanished while the guard was running; %s, and the daily "
+                  "cap is lowered by %s until Beijing midnight%s", pool, what, today,
+                  f"{self.cfg.unseen_day_tokens:,}", _hold_text(gen, held_until), extra=BILLING_EVENT)
+
     # -- one sync -----------------------------------------------------------------------------
     def _lister(self, account: str) -> PackageLister:
         if account not in self._listers:
@@ -159,11 +219,17 @@ class SyncService:
         assignment = assign(packages, specs)
         results = []
         next_at = started + self.cfg.sync_interval_minutes * 60_000
+        meta = self._meta(account)
+        gens: dict[str, str | int] = {}
         for spec in specs:
             pooled = assignment.pools[spec.pool]
             views = _views(pooled.packages)
-            result, decision = self._sync_pool(spec.pool, views, started)
+            result, decision = self._sync_pool(spec.pool, views, started, meta)
             results.append(result)
+            gens[f"gen:{spec.pool}"] = self.checkpoints[spec.pool].generation \
+                if spec.pool in self.checkpoints else result.history_start_ms
+            if result.held_until_ms:
+                next_at = min(next_at, result.held_until_ms + HOLD_SLACK_MS)  # serve at its end
             if decision.headroom < self.cfg.low_headroom_tokens:
                 next_at = min(next_at, started + self.cfg.sync_low_interval_minutes * 60_000)
             expiry = next_expiry_ms(views, started)
@@ -171,17 +237,28 @@ class SyncService:
                 next_at = min(next_at, expiry + 60_000)  # see the expiry as soon as the API shows it
         for miss in assignment.unmatched:
             log.debug("[Sync] %s: package %s not used (%s)", account, miss.package.instance_no, miss.reason)
-        self.client.hset(meta_key, mapping={
+        record: dict[Any, Any] = {
             "next_at": next_at, "last_at": started, "last_ok_at": started, "last_error": "",
-            "usage_total": self._usage_total(specs), "api_packages": len(packages), "why": why})
+            "usage_total": self._usage_total(specs), "api_packages": len(packages), "why": why}
+        self.client.hset(meta_key, mapping=record | gens)
         return SyncOutcome(account, True, tuple(results))
 
-    def _sync_pool(self, pool: str, views: list[PackageView], now: int) -> tuple[LimitResult, Decision]:
+    def _sync_pool(self, pool: str, views: list[PackageView], now: int,
+                   meta: dict[str, str] | None = None) -> tuple[LimitResult, Decision]:
         keys = self.keyspace.pool(pool)
         cfg = self.cfg
         raw_state = self.client.get(keys.limit_state)
         state = LimitState.from_json(json.loads(raw_state) if raw_state else None)
         status = self.gate.status(pool)
+        exists = status.decision.reason != "no_snapshot"
+        # Where our history begins: the state's stamp, or now for the state this call creates.
+        history_start = (status.get("hist_at") or 1) if exists else now
+        seen = self.checkpoints.get(pool)
+        # A state this call creates is lost state when this process or the account's sync
+        # record knew an earlier generation, else a first start.
+        lost = not exists and (seen is not None or bool((meta or {}).get(f"gen:{pool}")))
+        if not state.lags and seen is not None and seen.lags:
+            state = replace(state, lags=seen.lags)  # the estimator's state went: keep what we saw
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
         # lower bound stays a lower bound when its search starts later).
         lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * 60_000)
@@ -192,12 +269,20 @@ class SyncService:
             now_ms=now, packages=views, usage=usage, state=state,
             lag_floor_ms=cfg.lag_floor_minutes * 60_000, small_buffer=cfg.small_buffer,
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * 60_000,
-            evict_below=cfg.evict_below)
+            evict_below=cfg.evict_below, history_start_ms=history_start,
+            cold_start_admit=cfg.cold_start_admit_tokens)
         start, top = cfg.correction_ppm()
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
-                           correction_min_ppm=start, correction_max_ppm=top)
+                           correction_min_ppm=start, correction_max_ppm=top,
+                           unseen_day_tokens=cfg.unseen_day_tokens)
         decision = self.gate.install_snapshot(pool, snapshot)
-        self.client.set(keys.limit_state, json.dumps(result.state.to_json()))
+        h = self.gate.history(pool)
+        gen = (h or {}).get("hist_at") or history_start
+        self.client.set(keys.limit_state, json.dumps(replace(result.state, generation=gen).to_json()))
+        if not exists and h is not None:
+            self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
+        if h is not None:
+            self._remember(pool, gen, h, result.state.lags)
         today_usage = status.get("day_usage")
         b0 = result.free_total - (usage.lifetime_usage - today_usage)
         observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // 60_000}min"
@@ -219,6 +304,25 @@ class SyncService:
                           pool, (now - result.state.billing_since_ms) // 60_000, extra=BILLING_EVENT)
         return result, decision
 
+    def _history_began(self, pool: str, gen: int, seen: Checkpoint | None, meta: dict[str, str],
+                       result: LimitResult, h: dict[str, int]) -> None:
+        """This sync created the pool's state: a first start, or state that was lost."""
+        known = meta.get(f"gen:{pool}")
+        if seen is not None or known:
+            lost = ["the pool's counters, usage timeline and snapshot"]
+            if not meta:
+                lost.append("the account's sync record")
+            self._state_lost(pool, gen, seen if seen is not None and seen.generation != gen else None,
+                             ", and ".join(lost), h)
+            return
+        self._reported.add((pool, gen))
+        if result.held_until_ms:
+            log.warning("🕒 [COLD-START] %s held until %s (Beijing): the balance API may not show "
+                        "the last %d min of usage yet (the guard's history of this pool begins now; "
+                        "%s tokens of today's usage assumed unseen)", pool,
+                        f"{to_beijing(result.held_until_ms):%H:%M}",
+                        -(-(result.held_until_ms - gen) // 60_000), f"{self.cfg.unseen_day_tokens:,}")
+
     # -- the thread ---------------------------------------------------------------------------
     def tick(self) -> list[SyncOutcome]:
         """One pass over every account: sync those that are due (the thread calls this)."""
@@ -233,6 +337,8 @@ class SyncService:
         outcomes = []
         for account, specs in sorted(by_account.items()):
             try:
+                for spec in specs:
+                    self.checkpoint(spec.pool)
                 outcomes.append(self.maybe_sync(account, specs))
             except (StoreUnavailable, OSError, ConnectionError) as exc:
                 metrics.sync_failed(account, exc)

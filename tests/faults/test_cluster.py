@@ -151,7 +151,8 @@ def test_sync_elects_one_caller_and_installs_snapshots_on_the_cluster(cluster: R
         pools = ["acct-a/deepseek-v4-flash-ga-260731", "acct-a/doubao-seed-2-1-pro-260628"]
         for pool, amount in zip(pools, (300_000, 700_000), strict=True):
             fake.add_package(pool, amount, acquired_ms=T0 - 86_400_000)
-        cfg = load_settings(billing_endpoint=fake.url)
+        cfg = load_settings(billing_endpoint=fake.url,  # an idle account: no cold-start hold
+                            cold_start_admit_tokens=10**9, unseen_day_tokens=0)
 
         def service() -> SyncService:
             def lister(account: str) -> BillingClient:

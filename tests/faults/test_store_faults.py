@@ -12,6 +12,7 @@ from fault_support import (
     ACCOUNT,
     CREDENTIALS,
     DEPLOYMENTS,
+    MIN,
     POOL,
     BillingWorld,
     beijing_ms,
@@ -92,18 +93,23 @@ def test_redis_killed_mid_traffic_fails_closed_then_recovers_counting_each_reque
     assert check_books(client, keyspace) == books
 
 
-def test_redis_restarted_empty_refuses_until_the_next_sync_restores_a_safe_limit(
-        scratch_redis: RedisServer) -> None:
+def test_redis_restarted_empty_refuses_holds_for_the_lag_then_restores_a_safe_limit(
+        scratch_redis: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     """After Redis comes back empty the pool has no snapshot, so the guard refuses (429 naming
-    the cause) rather than admit on nothing; the next sync installs a wall no higher than the
-    billing API's balance minus SMALL_BUFFER, and traffic then stops before anything is billed."""
+    the cause) rather than admit on nothing; the next sync sees a lost generation (⛔ STATE-LOST),
+    restores today's count from its checkpoint and holds the pool for Δ_assumed; then traffic
+    is served again and stops at the balance wall before anything is billed."""
     clock = ManualClock(beijing_ms("2026-08-14 09:00"))
     with FakeVolcengine({ACCOUNT: tuple(CREDENTIALS.values())}, ledger=Ledger(lag_minutes=14),
                         clock=clock) as fake:
         fake.add_package(POOL, 400_000, acquired_ms=beijing_ms("2026-08-13 10:30"))
         cfg = load_settings(billing_endpoint=fake.url)
         w = BillingWorld(clock, fake, cfg, connect(scratch_redis.url), KeySpace("vqgtest-empty"))
+        with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+            assert set(w.minutes(21, 0)) == {"idle"}  # the first start's hold: 20 min
+        assert "🕒 [COLD-START] acct-a/deepseek-v4-flash-ga-260731 held until 09:20" in caplog.text
         assert set(w.minutes(60, 2_000)) == {"admitted"}
+        w.service.tick()  # the poll's checkpoint: today's 120,000
         crossing = w.gate.reserve(POOL, "crossing", 2_000)  # in flight when the store is wiped
         assert crossing.admitted
 
@@ -118,12 +124,20 @@ def test_redis_restarted_empty_refuses_until_the_next_sync_restores_a_safe_limit
             assert refused.value.status_code == 429 and "no quota snapshot yet" in str(refused.value)
 
         asyncio.run(through_hook())
-        outcome = w.service.tick()[0]  # the sync meta went with the data: a sync is due at once
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+            outcome = w.service.tick()[0]  # the sync meta went with the data: a sync is due at once
         assert outcome.ran and outcome.error is None
-        wall = w.gate.status(POOL).decision.balance_wall
-        assert wall <= fake.pool_totals(POOL).api_balance - cfg.small_buffer
+        assert "⛔ [STATE-LOST] acct-a/deepseek-v4-flash-ga-260731: the pool's counters" in caplog.text
+        assert "the account's sync record" in caplog.text and "held until 10:41" in caplog.text
+        st = w.gate.status(POOL)
+        assert st.get("hist_lost") == 1 and st.get("hold_until") == clock.now_ms() + 20 * MIN
+        # 60 × 2,000 at the last poll; the crossing reservation came after it (the unseen margin)
+        assert st.decision.used_today == 120_000
+        assert st.decision.daily_cap == cfg.daily_cap - cfg.unseen_day_tokens
         reasons = w.minutes(200, 2_000)
-        assert "admitted" in reasons and reasons[-1] == "balance_wall"
+        assert reasons[:20] == ["balance_wall"] * 20 and reasons[20] == "admitted"
+        assert reasons[-1] == "balance_wall"
         totals = fake.pool_totals(POOL)
         assert totals.billed == 0, totals
         check_books(w.client, w.keyspace)

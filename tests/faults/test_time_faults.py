@@ -61,7 +61,8 @@ def test_billing_api_down_for_hours_goes_stale_retries_gently_and_recovers(
     nothing is ever billed."""
     clock, fake = fake_at("2026-08-14 09:00")
     fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-13 10:30"))
-    cfg = load_settings(billing_endpoint=fake.url, snapshot_max_age_minutes=90)
+    cfg = load_settings(billing_endpoint=fake.url, snapshot_max_age_minutes=90,
+                        cold_start_admit_tokens=10**9, unseen_day_tokens=0)  # an idle account
     w = BillingWorld(clock, fake, cfg, client, keyspace)
     assert set(w.minutes(30, 5_000)) == {"admitted"}
     installed = w.gate.status(POOL)

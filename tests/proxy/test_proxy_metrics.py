@@ -55,7 +55,8 @@ def metered(tmp_path_factory: pytest.TempPathFactory, acl_redis: RedisServer) ->
     prefix = f"vqgtest-metrics-{uuid.uuid4().hex[:8]}"
     port = free_port()
     env = {"VQG_SYNC_ENABLED": "true", "VQG_SYNC_POLL_SECONDS": "0.2", "VQG_BILLING_ENDPOINT": fake.url,
-           "VQG_METRICS_PORT": str(port)}
+           "VQG_METRICS_PORT": str(port),
+           "VQG_COLD_START_ADMIT_TOKENS": "1000000000"}  # an idle account: no cold-start hold
     for account, (ak, sk, ark) in SECRETS.items():
         suffix = account.upper().replace("-", "_")
         env |= {f"VOLC_ACCESSKEY_{suffix}": ak, f"ARK_API_KEY_{suffix}": ark,

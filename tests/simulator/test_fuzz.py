@@ -14,16 +14,19 @@ CI_SEEDS = range(int(os.environ.get("VQG_FUZZ_SEEDS", "200" if TEST_REDIS_URL el
 
 def test_the_fuzzer_covers_the_families_it_promises() -> None:
     """500 seeds parse as SCENARIOS.md v1 and span lag, tokenizer error, concurrency, durations,
-    max_tokens or not, missing usage, expiring and arriving packages, and Beijing midnight."""
+    max_tokens or not, missing usage, expiring and arriving packages, Beijing midnight, starts
+    on a busy account (prior usage) and wiped stores."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
-            "arriving": 0, "expiring": 0}
+            "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
         lags.add(s.settlement_lag_minutes)
         seen["two_days"] += s.days == 2
         seen["late_start"] += s.calendar_days > s.days
+        seen["prior_usage"] += s.prior_usage is not None
+        seen["wipe"] += s.wipe_at is not None
         for p in s.packages:
             expires = (p.expires or p.acquired).timestamp() * 1000 + (0 if p.expires else 30 * 86_400_000)
             seen["arriving"] += p.acquired.timestamp() * 1000 > s.start_ms

@@ -135,3 +135,16 @@ def test_an_unknown_name_lists_the_shipped_scenarios() -> None:
     """A name that is neither a file nor shipped says which names exist."""
     with pytest.raises(ScenarioError, match="seed-0813-lag"):
         load_scenario("no-such-scenario")
+
+
+def test_prior_usage_and_wipe_at_are_additions_checked_like_the_rest() -> None:
+    """`prior_usage` and `wipe_at` parse (a file without them is unchanged), a wipe outside the
+    run and an unknown key under `prior_usage` are errors naming their line."""
+    assert (parse_scenario(GOOD).prior_usage, parse_scenario(GOOD).wipe_at) == (None, None)
+    s = parse_scenario(GOOD + 'prior_usage: {tokens: 150000, minutes: 3}\nwipe_at: "14:05"\n')
+    assert s.prior_usage is not None and (s.prior_usage.tokens, s.prior_usage.minutes) == (150_000, 3)
+    assert s.wipe_ms == s.start_ms + (14 * 60 + 5) * 60_000
+    late = _error(GOOD.replace("2026-08-13T00:00:00", "2026-08-13T15:00:00") + 'wipe_at: "14:05"\n')
+    assert "s.yaml:11: wipe_at: the wipe is not inside the run" in late
+    assert "s.yaml:11: prior_usage.minuets: unknown key" in _error(
+        GOOD + "prior_usage: {tokens: 1, minuets: 3}\n")

@@ -93,3 +93,32 @@ def test_status_with_no_pools_says_where_it_looked(keyspace: KeySpace, capsys: p
     monkeypatch.setenv("VQG_KEY_PREFIX", keyspace.prefix)
     assert main(["status"]) == 0
     assert f"no guarded pools under prefix {keyspace.prefix!r}" in capsys.readouterr().out
+
+
+def test_status_and_metrics_show_a_held_pool(store_url: str, keyspace: KeySpace,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A pool whose first snapshot holds it (history shorter than the lag) shows `🕒 HELD (cold
+    start) until HH:MM` in `status`, its hold and unseen-day fields in `--json`, and `vqg_held 1`."""
+    monkeypatch.setenv("VQG_REDIS_URL", store_url)
+    monkeypatch.setenv("VQG_KEY_PREFIX", keyspace.prefix)
+    client = connect(store_url)
+    sec, usec = client.time()
+    now = int(sec) * 1000 + int(usec) // 1000
+    gate = Gate(client, keyspace)
+    gate.install_snapshot(BUSY, Snapshot(
+        balance=300_000, settled_usage=0, expiring=0, small_buffer=10_000, daily_cap=2_000_000,
+        valid_until_ms=now + 85 * MIN, hold_until_ms=now + 20 * MIN, hold_cap=0,
+        unseen_day_tokens=200_000))
+    assert main(["status", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["pools"][0]
+    assert row["held"] and row["hold_cause"] == "cold start" and not row["state_lost"]
+    assert now + 19 * MIN < row["held_until_ms"] <= now + 21 * MIN
+    assert row["history_start_ms"] >= now - MIN and row["unseen_today"] == 200_000
+    assert row["balance_wall"] == 0 and row["collection_wall"] == 1_800_000
+    assert main(["status"]) == 0
+    assert "🕒 HELD (cold start) until" in capsys.readouterr().out
+    assert main(["metrics"]) == 0
+    text = capsys.readouterr().out
+    assert f'vqg_held{{account="acct-a",model="deepseek-v4-flash-ga-260731",pool="{BUSY}"}} 1.0' in text
+    assert "vqg_unseen_today_tokens{" in text and "vqg_state_lost{" in text

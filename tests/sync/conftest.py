@@ -21,6 +21,7 @@ ACCOUNT = "acct-a"
 POOL = f"{ACCOUNT}/deepseek-v4-flash-ga-260731"
 ENV = {"VOLC_ACCESSKEY_ACCT_A": "AKLTacctafake0001", "VOLC_SECRETKEY_ACCT_A": "c2VjcmV0LWZha2UtYQ=="}
 MIN = 60_000
+IDLE_ACCOUNT_ADMIT = 10**9  # VQG_COLD_START_ADMIT_TOKENS of a world whose account was idle
 
 
 def beijing_ms(text: str) -> int:
@@ -97,6 +98,11 @@ def make_world(client: redis.Redis, keyspace: KeySpace) -> Iterator:
         fake = FakeVolcengine({ACCOUNT: (ENV["VOLC_ACCESSKEY_ACCT_A"], ENV["VOLC_SECRETKEY_ACCT_A"])},
                               ledger=Ledger(lag_minutes=lag_minutes), clock=clock).start()
         fakes.append(fake)
+        # These worlds start on an account with nothing unsettled (the guard "was there"): the
+        # operator's cold-start allowance lets the first sync serve at once. The hold itself is
+        # what tests/sync/test_history.py and tests/faults/test_state_faults.py test.
+        settings.setdefault("cold_start_admit_tokens", IDLE_ACCOUNT_ADMIT)
+        settings.setdefault("unseen_day_tokens", 0)
         cfg = load_settings(billing_endpoint=fake.url, **settings)
         ks = KeySpace(f"{keyspace.prefix}:w{len(fakes)}")  # a fresh pool per world, cleaned with the rest
         return World(clock, fake, Gate(client, ks, clock), cfg, ks, client)

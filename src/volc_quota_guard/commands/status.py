@@ -102,6 +102,15 @@ def pool_status(gate: Gate, client: redis.Redis, keyspace: KeySpace, pool: str,
         # A sync found the free quota spent: usage since then was billed (see docs/limit.md).
         "billing_since_ms": limit.billing_since_ms or None,
         "estimate_correction": round(d.correction_ppm / 1_000_000, 3),
+        # Where the guard's usage history of the pool begins (None: before this was recorded),
+        # and the hold while it is shorter than the lag (docs/limit.md, "History start").
+        "history_start_ms": f("hist_at") if f("hist_at") > 1 else None,
+        "held": f("hold_until") > 0,
+        "held_until_ms": f("hold_until") or None,
+        "hold_cause": ("state lost" if f("hist_lost") else "cold start") if f("hold_until") else None,
+        "state_lost": bool(f("hist_lost")),
+        # Today's usage the guard assumes it did not see (a first start, lost state): off the cap.
+        "unseen_today": f("day_margin") if f("day_lost") and f("day_lost") == f("day") else 0,
     }
 
 
@@ -136,6 +145,11 @@ def _print(console: Console, rows: list[dict[str, Any]], prefix: str) -> None:
         if r["evicted"]:
             state.append(f"[bold red]EVICTED[/] ({r['evicted_wall']} wall) until "
                          f"{_when(r['evicted_until_ms'], now)}")
+        if r["held"]:
+            state.append(f"[bold yellow]🕒 HELD[/] ({r['hold_cause']}) until "
+                         f"{_when(r['held_until_ms'], now)}")
+        elif r["state_lost"] and r["unseen_today"]:
+            state.append("[yellow]⛔ state lost today[/]")
         if r["billing_since_ms"]:
             state.append(f"[bold red]💸 BILLING[/] since {_when(r['billing_since_ms'], now)}")
         if r["stale"]:

@@ -1,15 +1,17 @@
 """The discrete-event loop: one scenario, one strategy, one fresh ledger, in Beijing time.
 
 Events, in time order (at equal times: settles, then the strategy's sync, then samples, then
-arrivals): a request *arrives* (the strategy admits it, maybe with a clamped output cap, or
-refuses it), runs `duration_seconds`, then *settles*: the ledger consumes its true tokens at that
-instant (billing what exceeds the true free balance) and the strategy records the usage the
-upstream reported. The ledger applies return packages and expiries lazily, in order.
+arrivals, then a wipe of the strategy's store): a request *arrives* (the strategy admits it,
+maybe with a clamped output cap, or refuses it), runs `duration_seconds`, then *settles*: the
+ledger consumes its true tokens at that instant (billing what exceeds the true free balance) and
+the strategy records the usage the upstream reported. The ledger applies return packages and
+expiries lazily, in order. A scenario's `prior_usage` is consumed on the ledger before the start.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -111,6 +113,12 @@ def make_ledger(s: Scenario) -> Ledger:
         ledger.add_package(POOL, p.amount, acquired, expires_ms=expires)
     if s.yesterday_collection:
         ledger.set_collection(POOL, beijing_day(s.start_ms) - 1, s.yesterday_collection)
+    if s.prior_usage is not None:  # the old setup's usage, straight on Ark: the guard never sees it
+        minutes = max(1, math.ceil(s.prior_usage.minutes))
+        span = round(s.prior_usage.minutes * MINUTE_MS)
+        for i in range(minutes):
+            share = s.prior_usage.tokens * (i + 1) // minutes - s.prior_usage.tokens * i // minutes
+            ledger.consume(POOL, share, s.start_ms - span + span * i // minutes - (0 if span else 1))
     return ledger
 
 
@@ -123,7 +131,7 @@ def make_strategy(name: str, s: Scenario, ledger: Ledger, clock: ManualClock, cf
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
-_SETTLE, _WAKE, _SAMPLE, _ARRIVE = range(4)
+_SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE = range(5)
 _NEVER = 1 << 62
 
 
@@ -151,6 +159,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
     todo = list(arrivals(s))
     next_arrival = 0
     next_sample = s.start_ms if out else _NEVER
+    wipe_at = s.wipe_ms if s.wipe_ms is not None else _NEVER
 
     with sync_logs(verbose) as errors, closing(make_strategy(strategy, s, ledger, clock, cfg, errors,
                                                              store_url)) as strat:
@@ -162,6 +171,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                 (wake if wake is not None and wake < end else _NEVER, _WAKE),
                 (next_sample if next_sample < end else _NEVER, _SAMPLE),
                 (todo[next_arrival].at_ms if next_arrival < len(todo) else _NEVER, _ARRIVE),
+                (wipe_at, _WIPE),
             )
             now, kind = min(candidates)
             if now >= _NEVER:
@@ -177,6 +187,9 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                 strat.settle(req, adm, None if req.line.usage == "missing" else tokens, now)
             elif kind == _WAKE:
                 strat.wake(now)
+            elif kind == _WIPE:
+                strat.wipe(now)
+                wipe_at = _NEVER
             elif kind == _SAMPLE:
                 assert out is not None
                 totals = ledger.totals(POOL, now)

@@ -4,7 +4,9 @@ Each seed gives one scenario, the same on every machine: one pool, 1–2 days (a
 and cross Beijing midnight), API lag 0–45 min, 1–3 packages (some expiring during the run, some
 arriving mid-run, yesterday's return package), and 1–3 traffic lines with a tokenizer that
 under- or over-counts (`estimate_ratio` 0.6–1.4), concurrency 1–32, durations 1–300 s, with and
-without `max_tokens`, sometimes without usage. Pool sizes and the daily cap are drawn around the
+without `max_tokens`, sometimes without usage; some runs start on an account that was in use
+(`prior_usage` the guard never saw, up to 180,000 tokens in the last 0–30 min) and some lose the
+guard's store at a time of day 1 (`wipe_at`). Pool sizes and the daily cap are drawn around the
 traffic's volume, so most runs reach a wall. Request counts are kept small (a few hundred) so a
 few hundred scenarios run in a minute.
 
@@ -97,7 +99,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
         if rng.random() < 0.15:
             acquired = start + timedelta(minutes=rng.randrange(1, days * 24 * 60))
         packages.append({"amount": share, "acquired": acquired.isoformat()})
-    return {
+    out: dict[str, object] = {
         "version": 1,
         "name": f"fuzz-{seed}",
         "start": start.isoformat(),
@@ -111,6 +113,28 @@ def scenario_dict(seed: int) -> dict[str, object]:
         "packages": packages,
         "traffic": traffic,
     }
+    out.update(_history(seed, start, packages, daily_cap))
+    return out
+
+
+def _history(seed: int, start: datetime, packages: list[dict[str, object]],
+             daily_cap: int) -> dict[str, object]:
+    """A start on a busy account and a wipe of the store, drawn from a generator of their own
+    (the rest of each seed's scenario is what it was before these keys existed)."""
+    rng = random.Random(f"history-{seed}")
+    out: dict[str, object] = {}
+    free = sum(int(str(p["amount"])) for p in packages
+               if start - timedelta(days=30) < datetime.fromisoformat(str(p["acquired"])) <= start)
+    # Usage before the start: only where it stays on the start's Beijing day (yesterday's
+    # collection is the scenario's own) and inside the free balance (else the old setup billed).
+    room = min(180_000, daily_cap // 2, int(free * 0.9))
+    if rng.random() < 0.3 and start.hour > 0 and room >= 1_000:
+        out["prior_usage"] = {"tokens": _log_uniform(rng, 1_000, room),
+                              "minutes": rng.choice([0, 1, 3, 10, 30])}
+    if rng.random() < 0.25:
+        first = start.hour * 60 + 1
+        out["wipe_at"] = _hhmm(rng.randrange(first, 24 * 60))
+    return out
 
 
 def _split(rng: random.Random, total: int, parts: int) -> list[int]:

@@ -103,6 +103,14 @@ class PackageSpec(_Strict):
         return self
 
 
+class PriorUsage(_Strict):
+    """Usage on the account the guard never saw: consumed on Ark straight (the old setup) in
+    the `minutes` before the run starts, spread evenly (0 = all of it just before the start)."""
+
+    tokens: Annotated[int, Field(strict=True, ge=1, le=10**12)]
+    minutes: Annotated[float, Field(strict=True, ge=0, le=1440)] = 0
+
+
 class TrafficLine(_Strict):
     """One stream of requests: steady (`from`/`to`/`every_seconds`) or single (`at`)."""
 
@@ -157,9 +165,15 @@ class Scenario(_Strict):
     yesterday_collection: Tokens = 0
     packages: list[PackageSpec] = Field(default_factory=list)
     traffic: list[TrafficLine] = Field(default_factory=list)
+    # Additions to v1 (a file without them is the same scenario as before):
+    prior_usage: PriorUsage | None = None
+    wipe_at: TimeOfDay | None = None  # the guard's store loses all its data at this time, day 1
 
     @model_validator(mode="after")
     def _lines_fit_the_run(self) -> Scenario:
+        wipe = self.wipe_ms
+        if wipe is not None and not self.start_ms < wipe < self.end_ms:
+            raise _LineError(("wipe_at",), "the wipe is not inside the run (day 1, after the start)")
         for i, line in enumerate(self.traffic):
             if line.day is not None and line.day > self.calendar_days:
                 raise _LineError(("traffic", i, "day"),
@@ -167,6 +181,10 @@ class Scenario(_Strict):
             if line.single and self.request_ms(line.day or 1, line.at or 0) < self.start_ms:
                 raise _LineError(("traffic", i, "at"), "this request is before the scenario's start")
         return self
+
+    @property
+    def wipe_ms(self) -> int | None:
+        return None if self.wipe_at is None else self.request_ms(1, self.wipe_at)
 
     @property
     def start_ms(self) -> int:

@@ -25,6 +25,7 @@ import fakeredis
 from ..billing import ResourcePackage
 from ..clock import ManualClock, beijing_day
 from ..config import MIN_OUTPUT_TOKENS, Settings
+from ..errors import GateError
 from ..fake.ledger import Ledger
 from ..gate import Gate
 from ..keys import KeySpace
@@ -89,6 +90,9 @@ class Strategy(Protocol):
         """When the strategy's background work (its sync) next wants to run."""
 
     def wake(self, now: int) -> None: ...
+
+    def wipe(self, now: int) -> None:
+        """The strategy's store loses all its data (a Redis restarted without persistence)."""
 
     def full_output(self, line: TrafficLine) -> int | None:
         """The output cap a request would get if admitted without a clamp (None: uncapped)."""
@@ -178,6 +182,7 @@ class GuardStrategy:
                                 lister_for=lambda account: self.lister)
         self._errors = errors
         self._origin = scenario.start_ms
+        self._wipe_ms = scenario.wipe_ms
         self._wakeups: list[int] = []
         self._queued: set[int] = set()
         self.sync_results: list[tuple[int, LimitResult]] = []
@@ -206,9 +211,24 @@ class GuardStrategy:
 
     def start(self, now: int) -> None:
         self._schedule(now)
+        if self._wipe_ms is not None:  # the thread's last poll before the wipe (it polls anyway)
+            at = self._origin + (self._wipe_ms - self._origin) // POLL_MS * POLL_MS
+            if at not in self._queued:
+                self._queued.add(at)
+                heapq.heappush(self._wakeups, at)
 
     def wakeup_at(self) -> int | None:
         return self._wakeups[0] if self._wakeups else None
+
+    def wipe(self, now: int) -> None:
+        """Every key of the run goes, as in a `FLUSHALL`; the sync thread polls on as before."""
+        if self.store_url:
+            for key in self.client.scan_iter(f"{self.keyspace.prefix}:*", count=1000):
+                self.client.delete(key)
+        else:
+            self.client.flushall()
+        self._usage_at_sync = self._last_at = 0
+        self._schedule(now)
 
     def wake(self, now: int) -> None:
         while self._wakeups and self._wakeups[0] <= now:
@@ -247,7 +267,12 @@ class GuardStrategy:
 
     def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None:
         # The upstream reports the true prompt tokens: the pool's estimate correction learns.
-        d = self.gate.settle(POOL, req.rid, reported, None if reported is None else req.line.prompt)
+        try:
+            d = self.gate.settle(POOL, req.rid, reported, None if reported is None else req.line.prompt)
+        except GateError as exc:
+            if exc.code != "unknown_pool":
+                raise
+            return  # the store was wiped and no sync has recreated the pool yet: the usage is lost
         self._burst_pending(d.used_balance - d.inflight, now)
 
     def view(self, now: int) -> LimitView:
@@ -314,6 +339,9 @@ class HistoricalStrategy:
 
     def wake(self, now: int) -> None:
         self.sync(now)
+
+    def wipe(self, now: int) -> None:
+        pass  # the seed's formulas kept their day's usage in the process
 
     def full_output(self, line: TrafficLine) -> int | None:
         return line.max_tokens

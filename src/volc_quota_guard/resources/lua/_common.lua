@@ -43,7 +43,13 @@ local function day_of(ms) return math.floor((ms + 28800000) / 86400000) end  -- 
 local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buffer', 'cap',
   'evict_below', 'ucum', 'day', 'day_usage', 'prev_day_usage', 'inflight', 'overruns',
   'expired_count', 'evicted_until', 'tl_floor', 'snap_seq', 'corr', 'corr_at', 'corr_n',
-  'corr_min', 'corr_max', 'inflight_est', 'inflight_est_res'}
+  'corr_min', 'corr_max', 'inflight_est', 'inflight_est_res',
+  -- Where the pool's history begins (ms; 1 = before this field existed): set once, when the
+  -- state is created, so it doubles as the state's generation. A hold (hold_until > 0) keeps
+  -- lifetime usage under hold_cap until a snapshot without one; hist_lost = a process saw the
+  -- previous generation (lost state, not a first start). On the Beijing day day_lost the daily
+  -- cap is lowered by day_margin: usage of that day the guard did not see.
+  'hist_at', 'hist_lost', 'hold_until', 'hold_cap', 'day_lost', 'day_margin'}
 
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
@@ -170,7 +176,17 @@ local function housekeep(st, now)
   st.k = correction(st, now)
 end
 
-local function wall_balance(st) return st.balance + st.settled - st.expiring - st.buffer end
+local function wall_balance(st)
+  local wall = st.balance + st.settled - st.expiring - st.buffer
+  if st.hold_until > 0 then wall = math.min(wall, st.hold_cap) end
+  return wall
+end
+
+-- The daily cap less what the guard did not see of a day its history began in.
+local function day_cap(st)
+  if st.day_lost > 0 and st.day == st.day_lost then return math.max(0, st.cap - st.day_margin) end
+  return st.cap
+end
 
 -- In-flight requests reserved with a k lower than today's may each use that much more input.
 local function margin(st)
@@ -179,7 +195,7 @@ end
 
 local function headrooms(st)
   local held = st.inflight + margin(st)
-  return wall_balance(st) - (st.ucum + held), st.cap - (st.day_usage + held)
+  return wall_balance(st) - (st.ucum + held), day_cap(st) - (st.day_usage + held)
 end
 
 -- Soft-evict: a pool with less headroom than evict_below leaves routing until the next
@@ -199,6 +215,6 @@ local function answer(st, status, reason, amount, overrun, input_reserved)
   local hb, hc = headrooms(st)
   local held = st.inflight + margin(st)
   return {status, reason, amount, math.min(hb, hc), st.ucum + held, wall_balance(st),
-    st.day_usage + held, st.cap, st.inflight, st.evicted_until, overrun or 0, st.balance,
+    st.day_usage + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
     input_reserved or 0, st.k or PPM}
 end

@@ -1,8 +1,11 @@
 -- ARGV: now_ms ('' = server TIME), balance_at_sync, usage_at_sync (settled-usage estimate, lifetime
 -- coordinates), expiring (free tokens that expire before valid_until), small_buffer, daily_cap,
 -- valid_until_ms, evict_below, packages (JSON, for `status`; KEYS[8]), the estimate correction's
--- floor and bound (ppm; '' = the defaults).  Installs the pool's snapshot, all of it in one
--- step; counters (and what the correction learned) are kept.
+-- floor and bound (ppm; '' = the defaults), hold_until (ms; '' or 0 = no hold) and hold_cap (the
+-- most lifetime usage may reach while held), and the tokens of today the guard did not see
+-- when this call creates the state ('' = 0).  Installs the pool's snapshot, all of it in one
+-- step; counters (and what the correction learned) are kept. The call that creates the state
+-- stamps where the pool's history begins (hist_at, also its generation).
 local now = read_now(ARGV[1])
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
 local v = {}
@@ -18,13 +21,30 @@ if ARGV[10] ~= nil and ARGV[10] ~= '' then
   if not corr_min then return err('bad_amount', 'correction: 1e6 <= min <= max <= 1e8 ppm') end
 end
 
+local hold_until, hold_cap, unseen = 0, 0, 0
+if ARGV[12] ~= nil and ARGV[12] ~= '' then
+  hold_until, hold_cap = int_arg(ARGV[12], 0, MAX_TIME), int_arg(ARGV[13] or '', 0, MAX_AMOUNT)
+  if not hold_until or not hold_cap then return err('bad_amount', 'hold: until and cap must be non-negative integers') end
+end
+if ARGV[14] ~= nil and ARGV[14] ~= '' then
+  unseen = int_arg(ARGV[14], 0, MAX_AMOUNT)
+  if not unseen then return err('bad_amount', 'unseen day usage must be a non-negative integer') end
+end
+
 local st = load()
-if not st.exists then st.day = day_of(now) end
+if not st.exists then
+  st.day, st.hist_at = day_of(now), now
+  -- What ran today before the history began is not seen; a history from midnight misses nothing.
+  if unseen > 0 and now > st.day * 86400000 - 28800000 then st.day_lost, st.day_margin = st.day, unseen end
+elseif st.hist_at == 0 then
+  st.hist_at = 1  -- a state from before history starts were kept: its history is as old as it
+end
 housekeep(st, now)
 st.snap_at, st.balance, st.expiring, st.buffer, st.cap, st.valid_until, st.evict_below =
   now, v[2], v[4], v[5], v[6], v[7], v[8]
 st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been settled
 st.snap_seq = st.snap_seq + 1
+st.hold_until, st.hold_cap = hold_until, hold_cap
 st.corr_min, st.corr_max = corr_min, corr_max
 st.k = correction(st, now)
 update_eviction(st)

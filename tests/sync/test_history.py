@@ -1,0 +1,146 @@
+"""Where a pool's history begins: a first start on a busy account, state lost under running
+processes (issue 14). Fake Volcengine over HTTP → SyncService → gate, on one manual clock."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from sync.conftest import ACCOUNT, MIN, POOL, beijing_ms
+from volc_quota_guard.limit import LimitState
+
+HELD = {"cold_start_admit_tokens": 0, "unseen_day_tokens": 200_000}  # the production defaults
+
+
+def _wipe(w) -> None:
+    """Every key of the world's store goes (its own prefix on the shared server: a FLUSHALL)."""
+    for key in w.client.scan_iter(f"{w.keyspace.prefix}:*", count=1000):
+        w.client.delete(key)
+
+
+def _busy_start(make_world, **settings):
+    """Issue 14 run 1: 150,300 tokens ran straight on Ark a minute before the guard's first start;
+    the API (4 min behind) does not show them. Then traffic as fast as it goes."""
+    w = make_world("2026-08-20 10:00", lag_minutes=4, small_buffer=10_000, **settings)
+    w.fake.add_package(POOL, 300_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    w.fake.consume(POOL, 150_300)
+    svc = w.service()
+    return w, svc
+
+
+def test_a_first_start_on_a_busy_account_holds_for_the_lag_and_bills_nothing(make_world, caplog):
+    """The first sync holds the pool until its history covers Δ (20 min), logs why, serves again
+    right after the hold, and nothing is billed; without the hold the same run bills."""
+    w, svc = _busy_start(make_world, **HELD)
+    with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+        w.run("2026-08-20 10:20", every_ms=5_000, tokens=2_000, svc=svc)
+    assert ("🕒 [COLD-START] acct-a/deepseek-v4-flash-ga-260731 held until 10:20 (Beijing): "
+            "the balance API may not show the last 20 min of usage yet") in caplog.text
+    assert caplog.text.count("[COLD-START]") == 1
+    assert w.served == 0 and w.refused > 200
+    held = w.gate.status(POOL)
+    assert held.get("hold_until") == beijing_ms("2026-08-20 10:20") and held.decision.headroom <= 0
+    w.clock.advance(1_000)  # the sync runs a second after the hold's end
+    w.run("2026-08-20 11:00", every_ms=5_000, tokens=2_000, svc=svc)
+    assert w.gate.status(POOL).get("hold_until") == 0
+    # The pool serves again after the hold (what is left of 139,700 free above SMALL_BUFFER, less
+    # what the 20-min assumed lag keeps back from a 4-min true one).
+    assert w.served >= 50_000
+    t = w.totals()
+    assert (t.billed, t.burned) == (0, 0), t
+
+    # The same run with the operator's allowance wide open is the old behaviour: it bills.
+    old, svc = _busy_start(make_world, cold_start_admit_tokens=10**9)
+    for _ in range(150):  # as fast as it goes: 2,000 tokens every half second
+        svc.tick()
+        old.request(2_000, duration_ms=500)
+    assert old.totals().billed > 100_000
+
+
+def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_world, caplog):
+    """After a wipe a fresh process recreates the pool (it knows nothing: COLD-START); the
+    running one finds the generation changed, reports ⛔ STATE-LOST, marks it in Redis and
+    raises today's count to its checkpoint; both see the same hold."""
+    w = make_world("2026-08-20 13:00", lag_minutes=4, small_buffer=10_000, **HELD)
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    old = w.service()
+    w.idle("2026-08-20 13:21", old)
+    w.run("2026-08-20 14:05", every_ms=20_000, tokens=5_000, svc=old)
+    old.tick()  # its checkpoint of today
+    today = w.gate.status(POOL).get("day_usage")
+    assert today >= 600_000
+    _wipe(w)
+    fresh = w.service()
+    with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+        fresh.tick()
+        assert "[COLD-START]" in caplog.text and "[STATE-LOST]" not in caplog.text
+        assert w.gate.status(POOL).get("hist_lost") == 0
+        old.tick()
+    lost = [r.getMessage() for r in caplog.records if "[STATE-LOST]" in r.getMessage()]
+    assert len(lost) == 1 and f"today's usage restored to {today:,}" in lost[0], lost
+    assert "held until 14:25 (Beijing)" in lost[0]
+    st = w.gate.status(POOL)
+    assert st.get("hist_lost") == 1 and st.get("day_usage") == today
+    assert st.decision.daily_cap == 2_000_000 - 200_000  # today's unseen part, whoever created it
+    old.tick()
+    assert sum("[STATE-LOST]" in r.getMessage() for r in caplog.records) == 1, "logged once"
+    for svc in (old, fresh):
+        assert w.gate.reserve(POOL, f"probe-{id(svc)}", 1_000).reason == "balance_wall"
+
+
+def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(make_world, caplog):
+    """The pool's keys vanish but the account's sync record survives: even a process that never
+    saw the pool knows from Redis that it had a history, and holds it as lost state."""
+    w = make_world("2026-08-20 13:00", lag_minutes=4, **HELD)
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    first = w.service()
+    w.idle("2026-08-20 13:21", first)
+    w.run("2026-08-20 13:40", every_ms=MIN, tokens=5_000, svc=first)
+    for key in w.client.scan_iter(f"{w.keyspace.prefix}:{{{POOL}}}:*"):
+        w.client.delete(key)
+    assert w.client.exists(w.keyspace.sync_meta(ACCOUNT))
+    w.clock.advance(31 * MIN)  # the next interval sync
+    newcomer = w.service()
+    with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+        newcomer.tick()
+    assert "⛔ [STATE-LOST] acct-a/deepseek-v4-flash-ga-260731: the pool's counters" in caplog.text
+    assert "today's usage before the loss is unknown" in caplog.text
+    st = w.gate.status(POOL)
+    assert st.get("hist_lost") == 1 and st.get("hold_until") > w.clock.now_ms()
+    assert st.decision.daily_cap == 2_000_000 - 200_000
+
+
+def test_estimates_of_a_lost_generation_are_not_carried_into_the_new_one(make_world):
+    """A limit state left from the old generation (its free-total estimate in the old lifetime
+    coordinates) is dropped; only the observed lags are kept."""
+    w = make_world("2026-08-20 13:00", lag_minutes=4, **HELD)
+    w.fake.add_package(POOL, 500_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    svc = w.service()
+    w.idle("2026-08-20 13:21", svc)
+    w.run("2026-08-20 14:00", every_ms=MIN, tokens=5_000, svc=svc)
+    keys = w.keyspace.pool(POOL)
+    old = LimitState.from_json(json.loads(w.client.get(keys.limit_state)))
+    stale = old.to_json() | {"lowest_free_total": 10**9, "lags": [[w.clock.now_ms(), 30 * MIN]]}
+    _wipe(w)
+    w.client.set(keys.limit_state, json.dumps(stale))
+    svc.tick()
+    new = LimitState.from_json(json.loads(w.client.get(keys.limit_state)))
+    assert new.generation == w.gate.status(POOL).get("hist_at") != old.generation
+    assert new.lowest_free_total is None  # held: no estimate is a bound yet
+    assert new.lags == ((w.clock.now_ms(), 30 * MIN),)
+    st = w.gate.status(POOL)
+    # The kept 30-min lag sets Δ_assumed = 30 × 1.25 + 2 = 39.5 min: the hold is that long.
+    assert st.get("hold_until") == st.get("hist_at") + int(30 * MIN * 1.25) + 2 * MIN
+
+
+@pytest.mark.parametrize("admit", [0, 30_000])
+def test_the_operator_bound_is_all_a_held_pool_admits(make_world, admit):
+    """While held, lifetime usage of the new history may reach VQG_COLD_START_ADMIT_TOKENS (0 by
+    default) and no more, however much the lagging balance shows."""
+    w = make_world("2026-08-20 10:00", lag_minutes=4, cold_start_admit_tokens=admit)
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    svc = w.service()
+    w.run("2026-08-20 10:19", every_ms=20_000, tokens=2_000, svc=svc)
+    assert w.served == admit - admit % 2_000
