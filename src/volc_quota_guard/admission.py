@@ -276,9 +276,17 @@ def size(params: Mapping[str, Any], route: Route, limits: Limits,
         answer, total, ceiling = None, _cap(view, "max_output_tokens"), None
     else:  # /v1/messages: max_tokens is the answer; LiteLLM sends it on as a chat call
         answer, total, ceiling = _cap(view, "max_tokens"), None, ARK_MAX_COMPLETION_TOKENS
-    per, allowance = plan_output(answer_cap=answer, total_cap=total, thinking=think,
+    return sizing(inp, answer_cap=answer, total_cap=total, thinking=think, n=n, limits=limits,
+                  ceiling=ceiling, chain_tokens=chain)
+
+
+def sizing(input_tokens: int, *, answer_cap: int | None, total_cap: int | None, thinking: bool,
+           n: int, limits: Limits, ceiling: int | None = ARK_MAX_COMPLETION_TOKENS,
+           chain_tokens: int = 0) -> Sizing:
+    """The sizing of a call whose input is counted: the rule on numbers (the simulator's entry)."""
+    per, allowance = plan_output(answer_cap=answer_cap, total_cap=total_cap, thinking=thinking,
                                  limits=limits, n=n, ceiling=ceiling)
-    return Sizing(inp, per, n, min(per, limits.min_output), allowance, chain)
+    return Sizing(input_tokens, per, n, min(per, limits.min_output), allowance, chain_tokens)
 
 
 def _chain(response_id: object, known: int | None, limits: Limits) -> int:

@@ -18,7 +18,8 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     on a busy account (prior usage) and wiped stores."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
-            "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0}
+            "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
+            "n": 0, "allowance": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
@@ -27,6 +28,7 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
         seen["late_start"] += s.calendar_days > s.days
         seen["prior_usage"] += s.prior_usage is not None
         seen["wipe"] += s.wipe_at is not None
+        seen["allowance"] += s.model_reasoning_tokens > 0
         for p in s.packages:
             expires = (p.expires or p.acquired).timestamp() * 1000 + (0 if p.expires else 30 * 86_400_000)
             seen["arriving"] += p.acquired.timestamp() * 1000 > s.start_ms
@@ -37,6 +39,9 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
             durations.append(line.duration_seconds)
             seen["max_tokens" if line.max_tokens else "no_max_tokens"] += 1
             seen["missing"] += line.usage == "missing"
+            seen["reasoning"] += line.reasoning > 0
+            seen["thinking_off"] += not line.thinking
+            seen["n"] += line.n > 1
     assert min(lags) == 0 and max(lags) == 45
     assert min(ratios) < 0.62 and max(ratios) > 1.38
     assert {1, 32} <= conc

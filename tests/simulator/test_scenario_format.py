@@ -148,3 +148,18 @@ def test_prior_usage_and_wipe_at_are_additions_checked_like_the_rest() -> None:
     assert "s.yaml:11: wipe_at: the wipe is not inside the run" in late
     assert "s.yaml:11: prior_usage.minuets: unknown key" in _error(
         GOOD + "prior_usage: {tokens: 1, minuets: 3}\n")
+
+
+def test_thinking_lines_follow_arks_caps() -> None:
+    """n, reasoning and thinking parse with defaults (1, 0, on); max_tokens leaves reasoning
+    uncapped, a total cap (max_completion_tokens) bounds reasoning + answer, per choice."""
+    s = parse_scenario(GOOD.replace("completion: 50}", "completion: 50, n: 3, reasoning: 400}")
+                       + "model_reasoning_tokens: 2048\n")
+    line, plain = s.traffic
+    assert (plain.n, plain.reasoning, plain.thinking, s.model_reasoning_tokens) == (1, 0, True, 2048)
+    assert line.made(30, caps_total=False) == 3 * (400 + 30)
+    assert line.made(300, caps_total=True) == 3 * 300
+    assert line.made(None, caps_total=True) == 3 * 450
+    off = parse_scenario(GOOD.replace("completion: 50}", "completion: 50, reasoning: 400, thinking: false}"))
+    assert off.traffic[0].made(None, caps_total=False) == 50
+    assert "n" in _error(GOOD.replace("completion: 50}", "completion: 50, n: 17}"))

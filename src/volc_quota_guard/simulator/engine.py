@@ -213,16 +213,15 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                         blocked += 1
                         if out is not None:
                             out.blocked_at.append(now)
-                        cap = strat.full_output(line)
-                        would = line.prompt + (line.completion if cap is None else min(line.completion, cap))
+                        would = line.prompt + line.made(strat.full_output(line),
+                                                        getattr(strat, "caps_total", False))
                         day = beijing_day(now)
                         if _fits(ledger, s, now, would, pending + spared.get(day, 0)):
                             refused_free += would
                             spared[day] = spared.get(day, 0) + would
                         continue
                     clamped += adm.clamped
-                    made = line.completion if adm.output_cap is None else min(line.completion, adm.output_cap)
-                    tokens = line.prompt + made
+                    tokens = line.prompt + line.made(adm.output_cap, adm.caps_total)
                     pending += tokens
                     done = now + round(line.duration_seconds * 1000)
                     heapq.heappush(settles, (done, seq, req, adm, tokens))

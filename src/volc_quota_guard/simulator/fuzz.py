@@ -114,7 +114,24 @@ def scenario_dict(seed: int) -> dict[str, object]:
         "traffic": traffic,
     }
     out.update(_history(seed, start, packages, daily_cap))
+    _shapes(seed, out)
     return out
+
+
+def _shapes(seed: int, scenario: dict[str, object]) -> None:
+    """Thinking models and `n` (issue 13's class), from a generator of their own: a line may
+    reason beyond its max_tokens, switch thinking off, or ask for several choices."""
+    rng = random.Random(f"shapes-{seed}")
+    if rng.random() < 0.5:
+        return
+    scenario["model_reasoning_tokens"] = rng.choice([0, 2_048, 8_192])
+    for line in scenario["traffic"]:  # type: ignore[attr-defined]
+        if rng.random() < 0.7:
+            line["reasoning"] = _log_uniform(rng, 100, 20_000)
+        if rng.random() < 0.2:
+            line["thinking"] = False
+        if rng.random() < 0.2:
+            line["n"] = rng.choice([2, 3, 4])
 
 
 def _history(seed: int, start: datetime, packages: list[dict[str, object]],

@@ -126,6 +126,18 @@ class TrafficLine(_Strict):
     duration_seconds: Annotated[float, Field(strict=True, ge=0, le=86_400)] = 20
     usage: Literal["missing"] | None = None
     day: Annotated[int, Field(strict=True, ge=1)] | None = None
+    n: Annotated[int, Field(strict=True, ge=1, le=16)] = 1  # choices: each makes its own output
+    reasoning: RequestTokens = 0  # per choice while thinking is on; max_tokens does not cap it
+    thinking: bool = True  # False: the request switches deep thinking off
+
+    def made(self, cap: int | None, caps_total: bool) -> int:
+        """Output tokens Ark produces for this line under `cap` (per choice; answer-only or total)."""
+        think = self.reasoning if self.thinking else 0
+        if cap is None:
+            return self.n * (think + self.completion)
+        if caps_total:  # max_completion_tokens: reasoning first, the answer gets the rest
+            return self.n * min(think + self.completion, cap)
+        return self.n * (think + min(self.completion, cap))  # max_tokens bounds the answer only
 
     @model_validator(mode="after")
     def _one_shape(self) -> TrafficLine:
@@ -167,6 +179,7 @@ class Scenario(_Strict):
     traffic: list[TrafficLine] = Field(default_factory=list)
     # Additions to v1 (a file without them is the same scenario as before):
     prior_usage: PriorUsage | None = None
+    model_reasoning_tokens: Tokens = 0  # the deployment's vqg_reasoning_tokens (0: no thinking)
     wipe_at: TimeOfDay | None = None  # the guard's store loses all its data at this time, day 1
 
     @model_validator(mode="after")

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import fakeredis
 
+from .. import admission
 from ..billing import ResourcePackage
 from ..clock import ManualClock, beijing_day
 from ..config import MIN_OUTPUT_TOKENS, Settings
@@ -64,7 +65,8 @@ class SimRequest:
 @dataclass(frozen=True)
 class Admission:
     admitted: bool
-    output_cap: int | None = None  # the upstream's max_tokens (None: the model's own limit)
+    output_cap: int | None = None  # the upstream's cap per choice (None: the model's own limit)
+    caps_total: bool = False  # the cap bounds answer + reasoning (max_completion_tokens)
     clamped: bool = False
     reason: str = ""
 
@@ -172,6 +174,7 @@ class GuardStrategy:
                  errors: _SyncErrors, store_url: str | None = None) -> None:
         self.cfg = cfg
         self.clock = clock
+        self.scenario = scenario
         # A fresh embedded store, or a Redis server (faster) under a prefix of this run's own.
         self.store_url = store_url
         self.client = connect(store_url) if store_url else fakeredis.FakeRedis(server=fakeredis.FakeServer())
@@ -249,21 +252,30 @@ class GuardStrategy:
             self._schedule(max(now, self._last_at + BURST_SPACING_MS))
 
     # -- the hook ---------------------------------------------------------------------------
+    caps_total = True  # the hook pins max_completion_tokens
+
+    def _need(self, req: SimRequest) -> admission.Sizing:
+        limits = admission.Limits(model_max_output=None, default_output=self.cfg.default_output_tokens,
+                                  reasoning_tokens=self.scenario.model_reasoning_tokens,
+                                  min_output=MIN_OUTPUT_TOKENS)
+        line = req.line
+        return admission.sizing(req.estimate, answer_cap=line.max_tokens, total_cap=None,
+                                thinking=line.thinking, n=line.n, limits=limits)
+
     def full_output(self, line: TrafficLine) -> int | None:
-        return line.max_tokens if line.max_tokens is not None else self.cfg.default_output_tokens
+        return self._need(SimRequest("", 0, line, line.estimate())).per_choice
 
     def admit(self, req: SimRequest, now: int) -> Admission:
-        cap = self.full_output(req.line)
-        assert cap is not None
-        wanted = req.estimate + cap
-        least = req.estimate + min(cap, MIN_OUTPUT_TOKENS)
-        d = self.gate.reserve(POOL, req.rid, wanted, least,
+        need = self._need(req)  # the hook's rule (admission.sizing), on the line's numbers
+        d = self.gate.reserve(POOL, req.rid, need.input_tokens + need.output,
+                              need.input_tokens + need.least_output,
                               ttl_ms=self.cfg.reservation_ttl_seconds * 1000, input_tokens=req.estimate)
         if not d.admitted:
             return Admission(False, reason=d.reason)
-        # The hook sends the upstream max_tokens = grant − the input as reserved (k applied).
-        out = d.amount - d.input_reserved
-        return Admission(True, output_cap=out, clamped=out < cap, reason=d.reason)
+        # The hook pins the per-choice cap = (grant − the input as reserved, k applied) / n.
+        out = need.per_choice_for(d.amount - d.input_reserved)
+        return Admission(True, output_cap=out, caps_total=True, clamped=out < need.per_choice,
+                         reason=d.reason)
 
     def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None:
         # The upstream reports the true prompt tokens: the pool's estimate correction learns.
