@@ -202,3 +202,30 @@ def stop_proxy(proxy: Proxy) -> None:
         proxy.process.wait(timeout=5)
 
 
+
+
+def ark_deployment(model_name: str, pool: str, **info: Any) -> dict[str, Any]:
+    """A guarded deployment of `pool` (an acct-c model) on the fake Ark, for a test's config."""
+    account, model = pool.split("/")
+    return {"model_name": model_name,
+            "litellm_params": {"model": f"volcengine/{model}", "api_base": "os.environ/VOLCENGINE_API_BASE",
+                               "api_key": f"os.environ/ARK_API_KEY_{account.upper().replace('-', '_')}"},
+            "model_info": {"id": f"{model_name}@{account}", "vqg_account": account, **info}}
+
+
+def start_syncing_proxy(tmp: Path, fake: FakeVolcengine, store_url: str, prefix: str,
+                        pools: dict[str, int], deployments: list[dict[str, Any]],
+                        **env: str) -> Proxy:
+    """A proxy whose only source of truth is the fake's billing API: each pool gets a package of
+    its free tokens, the extra deployments join the config, and it returns once each pool synced."""
+    for pool, free in pools.items():
+        fake.add_package(pool, free)
+
+    def config(data: dict[str, Any]) -> dict[str, Any]:
+        data["model_list"] += deployments
+        return data
+
+    proxy = start_proxy(tmp, fake, store_url, prefix, env=sync_env(fake, **env), config=config)
+    for pool, free in pools.items():
+        proxy.wait_for_log(rf"\[Sync\] {pool}: Bal={free:,}")
+    return proxy

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_support import MASTER_KEY, Proxy, call_id, start_proxy, stop_proxy, sync_env
+from proxy_support import MASTER_KEY, Proxy, ark_deployment, call_id, start_syncing_proxy, stop_proxy
 
 from volc_quota_guard.fake import FakeVolcengine
 
@@ -34,33 +34,17 @@ POOLS = {"fz-big": ("acct-c/fz-big-260101", 20_000_000), "fz-small": ("acct-c/fz
 RESERVED = re.compile(r"reserved=(\d+)")
 
 
-def _config(config: dict[str, Any]) -> dict[str, Any]:
-    for name, (pool, _) in POOLS.items():
-        for kind in ("chat", "embed"):
-            info: dict[str, Any] = {"id": f"{name}-{kind}@acct-c", "vqg_account": "acct-c",
-                                    "max_input_tokens": 131_072}  # sizes unknown response chains
-            if kind == "embed":
-                info["mode"] = "embedding"
-            config["model_list"].append({
-                "model_name": name if kind == "chat" else f"{name}-embed",
-                "litellm_params": {"model": f"volcengine/{pool.split('/')[1]}",
-                                   "api_base": "os.environ/VOLCENGINE_API_BASE",
-                                   "api_key": "os.environ/ARK_API_KEY_ACCT_C"},
-                "model_info": info})
-    return config
-
-
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
            prefix: str) -> Iterator[Proxy]:
     """A syncing proxy in front of the fake, two pools (one small enough to reach its wall)."""
-    for pool, free in POOLS.values():
-        fake.add_package(pool, free)
-    env = sync_env(fake, VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="500")
-    p = start_proxy(tmp_path_factory.mktemp("shape-fuzz"), fake, store_url, prefix, env=env,
-                    config=_config)
-    for pool, free in POOLS.values():
-        p.wait_for_log(rf"\[Sync\] {pool}: Bal={free:,}")
+    info = {"max_input_tokens": 131_072}  # sizes unknown response chains
+    deployments = [d for name, (pool, _) in POOLS.items() for d in (
+        ark_deployment(name, pool, **info),
+        ark_deployment(f"{name}-embed", pool, mode="embedding", **info))]
+    p = start_syncing_proxy(tmp_path_factory.mktemp("shape-fuzz"), fake, store_url, prefix,
+                            dict(POOLS.values()), deployments,
+                            VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="500")
     yield p
     stop_proxy(p)
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from proxy_support import MASTER_KEY, Proxy, call_id, start_proxy, stop_proxy, sync_env
+from proxy_support import MASTER_KEY, Proxy, ark_deployment, call_id, start_syncing_proxy, stop_proxy
 
 from volc_quota_guard.fake import FakeVolcengine
 
@@ -30,31 +30,15 @@ SHAPES = {  # model name -> (pool, free tokens)
 }
 
 
-def _shapes(config: dict[str, Any]) -> dict[str, Any]:
-    for name, (pool, _) in SHAPES.items():
-        info: dict[str, Any] = {"id": f"{name}@acct-c", "vqg_account": "acct-c"}
-        if name == "embed":
-            info["mode"] = "embedding"
-        config["model_list"].append({
-            "model_name": name,
-            "litellm_params": {"model": f"volcengine/{pool.split('/')[1]}",
-                               "api_base": "os.environ/VOLCENGINE_API_BASE",
-                               "api_key": "os.environ/ARK_API_KEY_ACCT_C"},
-            "model_info": info})
-    return config
-
-
 @pytest.fixture(scope="module")
 def shaped(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
            prefix: str) -> Iterator[Proxy]:
     """A syncing proxy whose only source of truth is the fake's ListResourcePackages."""
-    for pool, free in SHAPES.values():
-        fake.add_package(pool, free)
-    env = sync_env(fake, VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="1000")
-    p = start_proxy(tmp_path_factory.mktemp("shapes"), fake, store_url, prefix, env=env,
-                    config=_shapes)
-    for pool, free in SHAPES.values():
-        p.wait_for_log(rf"\[Sync\] {pool}: Bal={free:,}")
+    deployments = [ark_deployment(name, pool, **({"mode": "embedding"} if name == "embed" else {}))
+                   for name, (pool, _) in SHAPES.items()]
+    p = start_syncing_proxy(tmp_path_factory.mktemp("shapes"), fake, store_url, prefix,
+                            dict(SHAPES.values()), deployments,
+                            VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="1000")
     yield p
     stop_proxy(p)
 
