@@ -218,3 +218,40 @@ def test_conflicting_thinking_switches_count_as_thinking() -> None:
     """An off switch with another switch asking for thinking still gets the allowance."""
     on = size(chat(max_tokens=100, thinking={"type": "disabled"}, reasoning_effort="high"), CHAT, LIMITS)
     assert on.reasoning == 8_192
+
+
+def test_a_jpeg_fill_byte_cannot_hide_its_real_size() -> None:
+    """Fill bytes before a marker are skipped, and the largest frame before the scan counts
+    (a decoy 1×1 frame further on does not lower an 8000×8000 image's tokens)."""
+    real = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, 8000, 8000, 1) + b"\x01\x11\x00"
+    decoy = b"\xff\xfe\x00\x0d" + b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, 1, 1, 1)[:7]
+    data = b"\xff\xd8\xff" + real + decoy + b"\x00" * 0xC000 + b"\xff\xc0" + struct.pack(
+        ">HBHHB", 11, 8, 1, 1, 1) + b"\x01\x11\x00\xff\xd9"
+    url = "data:image/jpeg;base64," + base64.b64encode(data).decode()
+    assert media.image_tokens({"type": "image_url", "image_url": {"url": url, "detail": "high"}}) == 5_120
+
+
+def test_red_team_shapes_are_sized_or_refused() -> None:
+    """n on /v1/messages multiplies; extra_body.model, best_of, caching, built-in tools, item
+    references and a non-string part type are 400s naming the field; a bare video item is refused."""
+    m = size({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1_000, "n": 4,
+              "thinking": {"type": "disabled"}}, MESSAGES, LIMITS)
+    assert m.output == 4_000
+    with pytest.raises(InvalidRequest) as err:
+        size({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10,
+              "extra_body": {"n": 40}}, MESSAGES, LIMITS)
+    assert err.value.param == "n"
+    cases = {
+        "extra_body.model": ({"input": "x", "extra_body": {"model": "other-260101"}}, RESPONSES),
+        "best_of": (chat(best_of=20), CHAT),
+        "caching": ({"input": "x", "caching": {"type": "enabled"}}, RESPONSES),
+        "tools[0]": ({"input": "x", "tools": [{"type": "web_search"}]}, RESPONSES),
+        "input[0]": ({"input": [{"type": "item_reference", "id": "msg_1"}]}, RESPONSES),
+        "messages[0].content[0]": (chat([{"type": ["text"], "text": "x"}]), CHAT),
+    }
+    for param, (body, route) in cases.items():
+        with pytest.raises(InvalidRequest) as err:
+            size(body, route, LIMITS)
+        assert err.value.param == param, (param, err.value.param)
+    with pytest.raises(InvalidRequest):
+        size({"input": [{"type": "input_video", "video_url": "https://v.invalid/x.mp4"}]}, RESPONSES, LIMITS)

@@ -479,3 +479,11 @@ def test_prompts_are_reserved_times_the_pool_correction_which_measured_usage_rai
         await w.guard.async_log_success_event(cut, response(counted * 3, 90), None, None)
         assert w.state()["corr"] == k and w.state()["corr_n"] == 1
     world(scenario)
+
+
+def test_a_moderation_refusal_after_generation_keeps_the_reservation() -> None:
+    """Ark's output moderation answers 400 after the tokens were generated (and billed): keep."""
+    exc = litellm.BadRequestError(message='VolcengineException - {"error": {"code": '
+                                  '"OutputTextSensitiveContentDetected"}}', model="m",
+                                  llm_provider="volcengine")
+    assert failure_action(exc) == "keep"

@@ -67,11 +67,12 @@ _UNBILLED = frozenset({
     "presence_penalty", "logit_bias", "service_tier", "parallel_tool_calls", "store",
     "truncation", "include", "encoding_format", "dimensions", "top_k", "max_retries",
     "extra_headers", "timeout", "background", "previous_response_id",
-    "tool_choice", "caching", "expire_at", "prompt_cache_key", "safety_identifier",
+    "tool_choice", "expire_at", "prompt_cache_key", "safety_identifier",
     *OUTPUT_PARAMS,
 })
 # Server-side context the guard cannot size (it never saw it being built).
 _UNBOUNDED_CONTEXT = ("conversation", "context_id")
+_UNBOUNDED_ITEMS = {"item_reference"}  # input items Ark expands from its own storage
 _internal: frozenset[str] | None = None
 
 
@@ -109,6 +110,9 @@ def upstream_view(params: Mapping[str, Any]) -> dict[str, Any]:
     if extra is not None and not isinstance(extra, Mapping):
         raise InvalidRequest("extra_body", "extra_body must be an object")
     if isinstance(extra, Mapping):
+        if "model" in extra:  # the Responses path lets it pick the model Ark bills
+            raise InvalidRequest("extra_body.model", "extra_body.model may not override the "
+                                                     "deployment's model for guarded deployments")
         view.update(extra)
     return view
 
@@ -245,10 +249,31 @@ def validate(params: Mapping[str, Any], route: Route) -> None:
                                        "send the conversation in the request instead")
     for name in OUTPUT_PARAMS:
         _cap(view, name)
-    if route.kind == "chat":
-        choices(view)
     if route.kind in ("chat", "messages"):
+        choices(view)
         estimate.validate_messages(view)
+    best_of = view.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise InvalidRequest("best_of", "best_of generates output the guard would not see: only 1 "
+                                        "is served for guarded deployments (use n)")
+    caching = view.get("caching", params.get("caching"))  # also LiteLLM's own (bool) flag's name
+    if isinstance(caching, Mapping) and caching.get("type") != "disabled":
+        raise InvalidRequest("caching", "caching: Ark's context cache storage is not covered by the "
+                                        "free quota; it is refused for guarded deployments")
+    _check_tools(view.get("tools"))
+
+
+def _check_tools(tools: object) -> None:
+    """Only tools the client runs itself: a built-in tool (web search, …) makes Ark re-read a
+    growing context server-side, which the guard cannot bound."""
+    if not isinstance(tools, list):
+        return
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind not in (None, "function", "custom"):
+            raise InvalidRequest(f"tools[{i}]", f"tools[{i}] of type {kind!r:.40} runs on Ark's side, "
+                                                "where the guard cannot bound what it bills; only "
+                                                "function tools are served for guarded deployments")
 
 
 def size(params: Mapping[str, Any], route: Route, limits: Limits,
@@ -267,7 +292,7 @@ def size(params: Mapping[str, Any], route: Route, limits: Limits,
     inp += chain
     if route.cap_field is None:
         return Sizing(inp, 0, 1, 0, 0, chain)
-    n = choices(view) if route.kind == "chat" else 1
+    n = choices(view) if route.kind in ("chat", "messages") else 1
     think = thinking_possible(view)
     if route.kind == "chat":
         answer, total = _cap(view, "max_tokens"), _cap(view, "max_completion_tokens")
@@ -372,6 +397,8 @@ def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
             texts.append(part)
             continue
         kind = part.get("type") if isinstance(part, Mapping) else None
+        if not isinstance(kind, str):
+            raise InvalidRequest(field, f"{field} needs a string 'type'")
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):  # type: ignore[union-attr]
             texts.append(part["text"])  # type: ignore[index]
         elif kind in _IMAGE_PARTS:
@@ -423,11 +450,15 @@ def _text_field(name: str, value: object, limits: Limits) -> int:
 def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
     """A Responses input item: a message (content string or parts) or a tool call / output."""
     content = item.get("content")
-    if content is not None or item.get("type") in (None, "message"):
-        if item.get("type") in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
-            text, tokens = _parts([item], where, limits)
-        else:
-            text, tokens = _parts(content, f"{where}.content", limits)
+    kind = item.get("type")
+    if kind in _UNBOUNDED_ITEMS:
+        raise InvalidRequest(where, f"{where}: an {kind} makes Ark expand stored content the guard "
+                                    "cannot size; send the content itself")
+    if isinstance(kind, str) and kind in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
+        text, tokens = _parts([item], where, limits)
+        return estimate.count_text(text) + tokens
+    if content is not None or kind in (None, "message"):
+        text, tokens = _parts(content, f"{where}.content", limits)
         rest = {k: v for k, v in item.items() if k not in ("content", "type", "role")}
         return estimate.count_text(text) + tokens + (_byte_bound(rest) if rest else 0)
     return _byte_bound(item)

@@ -413,7 +413,11 @@ class QuotaGuard(CustomLogger):
             route = admission.route_of(call_type)
             live = state.live.get(guard.model_id)
             if live is not None and live.rid in self._reservations:
-                return self._admit(kwargs, route, live)  # the hook runs twice on /v1/messages
+                # The hook runs twice on /v1/messages: the translated chat call rides the
+                # reservation, but never with more choices than it was sized for.
+                if admission.choices(admission.upstream_view(kwargs)) > live.choices:
+                    raise InvalidRequest("n", "n changed between the two halves of one call")
+                return self._admit(kwargs, route, live)
             admission.validate(kwargs, route)
             chain = await self._known_chain(guard, kwargs, route)
             sizing = await self._size(kwargs, route, self._limits(guard), chain)
@@ -421,6 +425,14 @@ class QuotaGuard(CustomLogger):
             raise litellm.MalformedRequestFieldError(
                 message=str(exc), model=group, llm_provider="volcengine",
                 body={"type": "invalid_request_error", "param": exc.param}) from None
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001  a request the guard cannot size never passes
+            log.exception("⛔ request could not be sized, refused")
+            raise litellm.MalformedRequestFieldError(
+                message=f"the quota guard cannot size this request ({type(exc).__name__})",
+                model=group, llm_provider="volcengine",
+                body={"type": "invalid_request_error", "param": "body"}) from None
         inp, out = sizing.input_tokens, sizing.output
         if inp + sizing.least_output > MAX_REQUEST_TOKENS:
             raise litellm.MalformedRequestFieldError(

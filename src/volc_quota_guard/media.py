@@ -116,19 +116,27 @@ def _webp(b: bytes) -> tuple[int, int] | None:
 
 
 def _jpeg(b: bytes) -> tuple[int, int] | None:
+    """The largest frame of a JPEG's header (every SOF before the scan), None if unreadable."""
     if b[:2] != b"\xff\xd8":
         return None
-    i = 2
-    while i + 9 < len(b):
+    i, found = 2, None
+    while i + 3 < len(b):
         if b[i] != 0xFF:
             return None
-        marker = b[i + 1]
+        while i + 1 < len(b) and b[i + 1] == 0xFF:  # fill bytes before a marker
+            i += 1
+        marker = b[i + 1] if i + 1 < len(b) else 0
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
             i += 2
             continue
+        if marker in (0xDA, 0xD9):  # start of scan / end of image: no more headers
+            break
         length = int.from_bytes(b[i + 2:i + 4], "big")
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+        if length < 2:
+            return None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and i + 9 <= len(b):
             h, w = struct.unpack(">HH", b[i + 5:i + 9])
-            return int(w), int(h)
+            if found is None or w * h > found[0] * found[1]:
+                found = (int(w), int(h))
         i += 2 + length
-    return None
+    return found

@@ -88,6 +88,12 @@ def failure_action(exc: BaseException) -> FailureAction:
     if isinstance(exc, litellm.Timeout | litellm.ContentPolicyViolationError):
         return "keep"  # a content filter may trip after the output was generated
     status = getattr(exc, "status_code", None)
+    if any(word in str(exc) for word in _AFTER_GENERATION):
+        return "keep"  # Ark's output moderation answers 4xx after the output was generated
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 499):
         return "release"
     return "keep"
+
+
+# Ark error codes of a refusal that comes after tokens were generated (billed all the same).
+_AFTER_GENERATION = ("SensitiveContentDetected", "OutputText", "OutputImage", "ContentFilter")
