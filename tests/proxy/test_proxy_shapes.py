@@ -178,3 +178,15 @@ def test_no_guard_error_reached_a_client_as_a_500(shaped: Proxy) -> None:
     """Every shape above got a clear answer: the guard logged no internal error."""
     log = shaped.log()
     assert "guard error, request refused" not in log and "pre-call check failed" not in log
+
+
+def test_anthropic_messages_with_n_are_sized_per_choice(shaped: Proxy) -> None:
+    """/v1/messages passes `n` on to the chat call: it is reserved per choice (here too much for
+    the pool: 429) and bounded (40 is a 400), and nothing is billed."""
+    body = {"model": "small", "max_tokens": 1_000, "n": 16,
+            "messages": [{"role": "user", "content": "hi [[fake completion=1000 reasoning=5000]]"}]}
+    assert post(shaped, "/v1/messages", body).status_code == 429
+    r = post(shaped, "/v1/messages", body | {"n": 1, "extra_body": {"n": 40}})
+    assert r.status_code == 400, r.text
+    settled(shaped, "small")
+    assert billed(shaped, "small") == 0
