@@ -255,3 +255,65 @@ def test_red_team_shapes_are_sized_or_refused() -> None:
         assert err.value.param == param, (param, err.value.param)
     with pytest.raises(InvalidRequest):
         size({"input": [{"type": "input_video", "video_url": "https://v.invalid/x.mp4"}]}, RESPONSES, LIMITS)
+
+
+# ---- counting method per deployment -----------------------------------------------------------
+
+ZH = "请把免费额度的规则总结成三条要点，并说明什么时候开始计费、怎样避免超额。" * 40
+
+
+def _limits(model: str, **info: Any) -> Limits:
+    return admission.limits_for(info, model, default_output=8_192, min_output=256)
+
+
+def test_the_counting_method_follows_the_model_family_and_model_info() -> None:
+    """deepseek* counts exactly, doubao* by ark-api, others cl100k; vqg_tokenizer overrides; a bad
+    vqg_tokenizer is a 400 (InvalidRequest), never a crash or an unguarded pass."""
+    assert _limits("deepseek-v4-flash-ga-260731").method == "deepseek"
+    assert _limits("doubao-seed-2-1-pro-260628").method == "ark-api"
+    assert _limits("ep-2026-x").method == "cl100k"
+    assert _limits("ep-2026-x", vqg_tokenizer="deepseek").method == "deepseek"
+    assert _limits("deepseek-v4", vqg_tokenizer="cl100k").method == "cl100k"
+    with pytest.raises(InvalidRequest, match="quota guard misconfigured.*vqg_tokenizer"):
+        _limits("deepseek-v4", vqg_tokenizer="gpt2")
+
+
+def test_a_deepseek_deployment_counts_its_prompt_exactly() -> None:
+    """Chat, Responses and Anthropic-style prompts of a DeepSeek deployment are counted with the
+    DeepSeek-V4 tokenizer and template (fewer tokens than cl100k for Chinese); others keep cl100k."""
+    from volc_quota_guard import counting
+
+    ds, cl = _limits("deepseek-v4-flash-ga-260731"), _limits("ep-2026-x")
+    messages = [{"role": "system", "content": "你是一个助手"}, {"role": "user", "content": ZH}]
+    exact = counting.count_chat("deepseek", messages, None)
+    body = {"model": "volcengine/m", "messages": messages}
+    assert size(body, CHAT, ds).input_tokens == exact
+    assert size(body, CHAT, cl).input_tokens == estimate.count_chat(messages, None) > exact * 1.3
+    tools = [{"type": "function", "function": {"name": "look", "description": "查词 " * 30,
+                                               "parameters": {"type": "object"}}}]
+    assert size(body | {"tools": tools}, CHAT, ds).input_tokens == \
+        counting.count_chat("deepseek", messages, tools) > exact + 224
+    resp = {"model": "volcengine/m", "input": ZH, "instructions": "简短"}
+    assert size(resp, RESPONSES, ds).input_tokens == \
+        counting.deepseek_tokens(ZH) + counting.deepseek_tokens("简短") + 2 * admission.TEMPLATE_TOKENS
+    anth = {"model": "volcengine/m", "system": ZH, "max_tokens": 10,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": ZH}]}]}
+    assert size(anth, MESSAGES, ds).input_tokens == counting.deepseek_tokens(ZH) + \
+        admission.TEMPLATE_TOKENS + counting.count_chat("deepseek", [{"role": "user", "content": ZH}], None)
+
+
+def test_fields_the_deepseek_template_does_not_render_are_bounded_by_their_bytes() -> None:
+    """Message fields the DeepSeek template leaves out (tool_calls that are not a list of calls,
+    a name) still count, by their bytes: an exact count never hides what Ark may read."""
+    from volc_quota_guard import counting
+
+    ds = _limits("deepseek-v4-flash-ga-260731")
+    junk = "not a list " * 100
+    odd = {"role": "assistant", "content": ZH, "tool_calls": junk, "name": "x" * 300}
+    body = {"model": "volcengine/m", "messages": [{"role": "user", "content": "hi"}, odd]}
+    exact = counting.count_chat("deepseek", body["messages"], None)
+    assert size(body, CHAT, ds).input_tokens >= exact + len(junk) + 300
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    good = {"role": "assistant", "content": ZH, "tool_calls": calls}
+    body = {"model": "volcengine/m", "messages": [{"role": "user", "content": "hi"}, good]}
+    assert size(body, CHAT, ds).input_tokens == counting.count_chat("deepseek", body["messages"], None)

@@ -487,3 +487,26 @@ def test_a_moderation_refusal_after_generation_keeps_the_reservation() -> None:
                                   '"OutputTextSensitiveContentDetected"}}', model="m",
                                   llm_provider="volcengine")
     assert failure_action(exc) == "keep"
+
+
+def test_the_counting_method_comes_from_model_info_and_a_bad_one_is_a_400(
+        world: Callable[..., Any]) -> None:
+    """A deployment with vqg_tokenizer=deepseek is held at the exact DeepSeek count; an unknown
+    vqg_tokenizer is a 400 naming the misconfiguration, with nothing reserved and no pass."""
+    from volc_quota_guard import counting
+
+    async def scenario(w: World) -> None:
+        w.seed(1_000_000)
+        text = "请把免费额度的规则总结成三条要点。" * 50
+        kw = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c1")
+        kw["metadata"]["model_info"]["vqg_tokenizer"] = "deepseek"
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        exact = counting.count_chat("deepseek", [{"role": "user", "content": text}], None)
+        assert next(iter(w.guard._reservations.values())).input_tokens == exact
+        assert w.state()["inflight_est"] == exact
+        bad = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c2")
+        bad["metadata"]["model_info"]["vqg_tokenizer"] = "gpt2"
+        with pytest.raises(litellm.MalformedRequestFieldError, match="misconfigured") as err:
+            await w.guard.async_pre_call_deployment_hook(bad, "acompletion")
+        assert err.value.status_code == 400 and w.state()["inflight_est"] == exact
+    world(scenario)

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import estimate, media
+from . import counting, estimate, media
+from .errors import ConfigError
 from .estimate import InvalidRequest
 
 Kind = Literal["chat", "responses", "embedding", "messages"]
@@ -127,6 +128,7 @@ class Limits:
     min_output: int
     context_window: int | None = None  # for a stored conversation the guard never saw
     media_part_tokens: int | None = None  # the operator's bound per video / audio / file part
+    method: counting.Method = "cl100k"  # how prompts are counted (counting.method_for)
 
 
 def limits_for(model_info: Mapping[str, Any], upstream_model: str, *, default_output: int,
@@ -137,6 +139,10 @@ def limits_for(model_info: Mapping[str, Any], upstream_model: str, *, default_ou
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
     reasoning = positive("vqg_reasoning_tokens")
+    try:
+        method = counting.method_for(upstream_model, model_info)
+    except ConfigError as exc:  # a misconfigured deployment refuses (400), never passes
+        raise InvalidRequest("model", f"quota guard misconfigured: {exc}") from None
     return Limits(
         model_max_output=estimate.model_max_output(model_info, upstream_model),
         default_output=default_output,
@@ -144,6 +150,7 @@ def limits_for(model_info: Mapping[str, Any], upstream_model: str, *, default_ou
         min_output=positive("vqg_min_output_tokens") or min_output,
         context_window=positive("max_input_tokens") or _mapped_context(upstream_model),
         media_part_tokens=positive("vqg_media_part_tokens") or None,
+        method=method,
     )
 
 
@@ -350,6 +357,33 @@ def count_input(view: Mapping[str, Any], route: Route, limits: Limits) -> int:
     return max(total, 1)
 
 
+def _count_chat(method: counting.Method, messages: list[dict[str, Any]], tools: list[Any] | None) -> int:
+    """Text-only chat messages (and tools) by the deployment's method, template included."""
+    if method == "deepseek":  # exact, plus the bytes of whatever the template does not render
+        return counting.count_chat(method, list[Mapping[str, Any]](messages), tools) + \
+            sum(_byte_bound(rest) for rest in map(_unrendered, messages) if rest)
+    return estimate.count_chat(messages, tools)  # cl100k; "ark-api" counts cl100k for now
+
+
+def _unrendered(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a message the DeepSeek template leaves out (Ark may still read them)."""
+    rendered = {"role", "content"}
+    if msg.get("role") == "assistant":
+        if isinstance(msg.get("reasoning_content"), str):
+            rendered.add("reasoning_content")
+        calls = msg.get("tool_calls")
+        if isinstance(calls, list) and all(
+                isinstance(c, Mapping) and isinstance(c.get("function"), Mapping)
+                and set(c) <= {"id", "type", "function", "index"}
+                and set(c["function"]) <= {"name", "arguments"} for c in calls):
+            rendered.add("tool_calls")
+    return {k: v for k, v in msg.items() if k not in rendered}
+
+
+def _count_text(method: counting.Method, text: str) -> int:
+    return counting.deepseek_tokens(text) if method == "deepseek" else estimate.count_text(text)
+
+
 def _byte_bound(obj: object) -> int:
     return len(json.dumps(obj, default=str, ensure_ascii=False).encode())
 
@@ -366,7 +400,7 @@ def _messages(messages: list[Any], tools: object, limits: Limits) -> int:
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("tools", "tools must be a list")
     try:
-        counted = estimate.count_chat(plain, tools or None)
+        counted = _count_chat(limits.method, plain, tools or None)
     except Exception:  # noqa: BLE001  odd message fields: their bytes bound their tokens
         counted = _byte_bound(plain) + _byte_bound(tools or [])
     return counted + media_tokens
@@ -429,12 +463,12 @@ def _residue(part: Mapping[str, Any], known: tuple[str, ...]) -> str:
 def _text_field(name: str, value: object, limits: Limits) -> int:
     """A Responses / embeddings / Anthropic text field: a string, strings, or items with content."""
     if isinstance(value, str):
-        return estimate.count_text(value)
+        return _count_text(limits.method, value)
     if isinstance(value, list):
         total = 0
         for i, item in enumerate(value):
             if isinstance(item, str):
-                total += estimate.count_text(item)
+                total += _count_text(limits.method, item)
             elif isinstance(item, int) and not isinstance(item, bool):
                 total += 1  # a token id
             elif isinstance(item, list) and all(isinstance(t, int) for t in item):
@@ -460,7 +494,7 @@ def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
     if content is not None or kind in (None, "message"):
         text, tokens = _parts(content, f"{where}.content", limits)
         rest = {k: v for k, v in item.items() if k not in ("content", "type", "role")}
-        return estimate.count_text(text) + tokens + (_byte_bound(rest) if rest else 0)
+        return _count_text(limits.method, text) + tokens + (_byte_bound(rest) if rest else 0)
     return _byte_bound(item)
 
 

@@ -69,24 +69,35 @@ def targets_from_model_list(model_list: Iterable[Mapping[str, Any]],
     return found
 
 
+def _count(method: str, messages: list[dict[str, str]]) -> int:
+    if method == "deepseek":
+        from . import counting
+
+        return counting.count_chat("deepseek", list[Mapping[str, Any]](messages), None)
+    return count_chat(list[dict[str, Any]](messages), None)
+
+
 @cache
-def _filler_unit_tokens() -> int:
-    return max(1, count_chat([{"role": "user", "content": _FILLER}], None) - 8)
+def _filler_unit_tokens(method: str = "cl100k") -> int:
+    """Tokens one more filler sentence adds, by `method` (the template's overhead left out)."""
+    many, none = ({"role": "user", "content": _FILLER * n} for n in (100, 0))
+    return max(1, (_count(method, [many]) - _count(method, [none])) // 100)
 
 
-def consume_messages(prompt_tokens: int) -> tuple[list[dict[str, str]], int]:
-    """Chat messages of at most `prompt_tokens` input tokens by our tokenizer, and their count."""
+def consume_messages(prompt_tokens: int, method: str = "cl100k") -> tuple[list[dict[str, str]], int]:
+    """Chat messages of at most `prompt_tokens` input tokens by `method`'s count, and that count."""
     def build(units: int) -> list[dict[str, str]]:
         return [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": _FILLER * units + "\n\n" + ASK}]
 
-    units = max(0, prompt_tokens // _filler_unit_tokens())
+    unit = _filler_unit_tokens(method)
+    units = max(0, prompt_tokens // unit)
     while True:
         messages = build(units)
-        counted = count_chat(messages, None)
+        counted = _count(method, messages)
         if counted <= prompt_tokens or units == 0:
             return messages, counted
-        units = max(0, units - 1 - (counted - prompt_tokens) // _filler_unit_tokens())
+        units = max(0, units - 1 - (counted - prompt_tokens) // unit)
 
 
 class ArkChat:

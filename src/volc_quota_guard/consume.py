@@ -17,9 +17,9 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from . import admission
+from . import admission, counting
 from .ark import ArkChat, ArkTarget, consume_messages, targets_from_model_list
 from .clock import MS_PER_DAY, beijing_day, next_beijing_midnight_ms
 from .config import Settings
@@ -218,10 +218,13 @@ class ConsumeTask:
             output = min(cfg.consume_output_tokens, budget // 2)
             # The prompt is sized so that the gate, holding it times the pool's estimate
             # correction k (as for proxied requests), reserves no more than the budget.
-            messages, _ = consume_messages(int((budget - output) * PPM / d.correction_ppm))
+            # Counted like the pool's proxied requests (the sync floors k by that method).
+            limits = replace(_CONSUME_LIMITS, method=counting.method_for(target.model, {}))
+            messages, _ = consume_messages(int((budget - output) * PPM / d.correction_ppm),
+                                           limits.method)
             # Sized by the rule the proxy's gate uses, from the body ArkChat sends.
             need = admission.size({"messages": messages, "max_completion_tokens": output},
-                                  admission.ROUTES["acompletion"], _CONSUME_LIMITS)
+                                  admission.ROUTES["acompletion"], limits)
             rid = f"consume:{self.owner[:12]}:{day}:{run.calls}"
             ttl = max(cfg.reservation_ttl_seconds, int(cfg.consume_timeout_seconds) + 60) * 1000
             granted = self.gate.reserve(pool, rid, need.input_tokens + need.output, ttl_ms=ttl,

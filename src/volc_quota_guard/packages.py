@@ -134,6 +134,9 @@ class PoolSpec:
 
     pool: str
     rule: PackageRule | None = None
+    # How the pool's prompts are counted (counting.Method): it picks the estimate correction's
+    # floor the sync installs. Deployments of one pool that disagree make it "cl100k".
+    method: str = "cl100k"
 
     def __post_init__(self) -> None:
         validate_pool(self.pool)
@@ -255,14 +258,19 @@ def assign(packages: Iterable[ResourcePackage],
 def pools_from_model_list(model_list: Iterable[Mapping[str, Any]]) -> list[PoolSpec]:
     """Pools of a LiteLLM ``model_list``: every deployment the guard guards (see
     ``deployments.guard_for_deployment``), with ``model_info.vqg_packages`` as its rule."""
+    from .counting import method_for  # imports litellm: only where a model list is read
+
     found: dict[str, PoolSpec] = {}
     for _, guard in guarded_deployments(model_list):
         pool, info = guard.pool, guard.model_info
         rule = PackageRule.parse(info["vqg_packages"]) if info.get("vqg_packages") else None
+        method = method_for(guard.upstream_model, info)  # a bad vqg_tokenizer: ConfigError
         old = found.get(pool)
         if old is not None and old.rule is not None and rule is not None and old.rule != rule:
             raise ConfigError(f"deployments of pool {pool} disagree on vqg_packages")
-        found[pool] = PoolSpec(pool, rule or (old.rule if old else None))
+        if old is not None and old.method != method:
+            method = "cl100k"  # counted two ways: the floor that covers the cheaper count
+        found[pool] = PoolSpec(pool, rule or (old.rule if old else None), method)
     return [found[p] for p in sorted(found)]
 
 

@@ -88,6 +88,21 @@ class SyncOutcome:
     error: str | None = None
 
 
+def correction_bounds(cfg: Settings, method: str) -> tuple[int, int]:
+    """The estimate correction's (floor, bound) in ppm for a pool counted by ``method``.
+
+    cl100k and ark-api (counted cl100k for now) pools keep ``VQG_ESTIMATE_CORRECTION_MIN``;
+    a DeepSeek pool, counted exactly, gets its method's floor (``counting.CORRECTION_FLOOR_PPM``,
+    1.1) whatever that setting says, bounded only by ``VQG_ESTIMATE_CORRECTION_MAX``.
+    """
+    start, top = cfg.correction_ppm()
+    if method == "deepseek":
+        from .counting import CORRECTION_FLOOR_PPM
+
+        start = min(CORRECTION_FLOOR_PPM["deepseek"], top)
+    return start, top
+
+
 def _views(packages: Iterable[ResourcePackage]) -> list[PackageView]:
     # UsedUp packages stay in the view (at 0) so running one dry is not a package change.
     return [PackageView(p.instance_no, p.available if p.is_effective else 0, p.expires_ms, p.total)
@@ -224,7 +239,7 @@ class SyncService:
         for spec in specs:
             pooled = assignment.pools[spec.pool]
             views = _views(pooled.packages)
-            result, decision = self._sync_pool(spec.pool, views, started, meta)
+            result, decision = self._sync_pool(spec.pool, views, started, meta, spec.method)
             results.append(result)
             gens[f"gen:{spec.pool}"] = self.checkpoints[spec.pool].generation \
                 if spec.pool in self.checkpoints else result.history_start_ms
@@ -244,7 +259,8 @@ class SyncService:
         return SyncOutcome(account, True, tuple(results))
 
     def _sync_pool(self, pool: str, views: list[PackageView], now: int,
-                   meta: dict[str, str] | None = None) -> tuple[LimitResult, Decision]:
+                   meta: dict[str, str] | None = None,
+                   method: str = "cl100k") -> tuple[LimitResult, Decision]:
         keys = self.keyspace.pool(pool)
         cfg = self.cfg
         raw_state = self.client.get(keys.limit_state)
@@ -271,7 +287,7 @@ class SyncService:
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * 60_000,
             evict_below=cfg.evict_below, history_start_ms=history_start,
             cold_start_admit=cfg.cold_start_admit_tokens)
-        start, top = cfg.correction_ppm()
+        start, top = correction_bounds(cfg, method)
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,
                            unseen_day_tokens=cfg.unseen_day_tokens)

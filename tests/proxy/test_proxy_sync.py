@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +11,7 @@ import openai
 import pytest
 from proxy_support import DS, POOL_A, POOL_B, Proxy, call_id, start_proxy, stop_proxy, sync_env
 
+from volc_quota_guard import counting, estimate
 from volc_quota_guard.fake import FakeVolcengine
 
 pytestmark = pytest.mark.proxy
@@ -52,6 +55,45 @@ def test_a_wildcard_deployment_is_skipped_by_the_sync_and_refused_by_the_gate(sy
     assert len(synced.fake.chat_requests()) == before
     assert "unexpected error" not in synced.log()
     assert "cannot read the guarded pools" not in synced.log()
+
+
+ZH = "请把免费额度的规则总结成三条要点，并说明什么时候开始计费、怎样避免超额。" * 30
+
+
+def test_a_deepseek_request_is_held_at_its_exact_count_and_covers_what_ark_bills(synced: Proxy) -> None:
+    """After a sync the DeepSeek pools' k floor is 1.1 (Doubao's 1.7); a long Chinese request is
+    held at the exact DeepSeek count × 1.1 — less than cl100k × 1.7 — and the fake, counting
+    with the real tokenizer plus drift the guard is not told, consumes no more than was held."""
+    synced.wait_for_log(rf"\[Sync\] {POOL_A}: Bal=")
+    synced.wait_for_log(rf"\[Sync\] {POOL_B}: Bal=")
+    synced.wait_for_log(rf"\[Sync\] {POOL_DOUBAO}: Bal=")
+    assert [synced.state(p).get("corr_min") for p in (POOL_A, POOL_B, POOL_DOUBAO)] == \
+        [1_100_000, 1_100_000, 1_700_000]
+    messages = [{"role": "user", "content": ZH + " [[fake completion=60 delay=1.5]]"}]
+    exact = counting.count_chat("deepseek", messages, None)
+    before = len(synced.fake.chat_requests())
+    done: list[Any] = []
+    worker = threading.Thread(target=lambda: done.append(synced.client().chat.completions.create(
+        model="deepseek-v4-flash", max_tokens=100, messages=messages,  # type: ignore[arg-type]
+        extra_body={"thinking": {"type": "disabled"}}, extra_headers={"x-litellm-call-id": call_id()})))
+    worker.start()
+    held: dict[str, int] = {}
+    deadline = time.monotonic() + 20
+    while not held and time.monotonic() < deadline:
+        for pool in (POOL_A, POOL_B):
+            st = synced.state(pool)
+            if st.get("inflight"):
+                held = {k: st.get(k) for k in ("inflight", "inflight_est", "inflight_est_res")}
+        time.sleep(0.02)
+    worker.join(30)
+    assert done and held, (done, held)
+    assert held["inflight_est"] == exact
+    assert held["inflight_est_res"] == -(-exact * 11 // 10)
+    assert held["inflight"] == held["inflight_est_res"] + 100
+    record = synced.fake.chat_requests()[before]
+    assert exact < record.prompt_tokens <= held["inflight_est_res"]
+    assert record.consumed <= held["inflight"]
+    assert held["inflight_est_res"] < estimate.count_chat(messages, None) * 1.7 * 0.5  # the gain
 
 
 def test_sync_thread_installs_snapshots_and_traffic_stops_before_billing(synced: Proxy) -> None:

@@ -140,16 +140,34 @@ def test_a_cut_stream_breaks_mid_body_and_still_charges(fake: FakeVolcengine) ->
 
 
 def test_the_default_prompt_count_is_litellms_token_counter(fake: FakeVolcengine) -> None:
-    """Without prompt=, prompt_tokens is litellm.token_counter(gpt-3.5-turbo) of the messages."""
+    """Without prompt=, a non-DeepSeek model's prompt_tokens is litellm.token_counter(gpt-3.5-turbo)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     messages = [{"role": "system", "content": "你是一个助手"},
                 {"role": "user", "content": "Summarise the quota rules [[fake completion=1]]"}]
     r = HTTP.post(f"{fake.ark_base_url}/chat/completions", headers=AUTH, timeout=30,
-                   json={"model": MODEL, "messages": messages})
+                   json={"model": "doubao-seed-2-1-pro-260628", "messages": messages})
     expected = litellm.token_counter(model="gpt-3.5-turbo", messages=messages)
     assert r.json()["usage"]["prompt_tokens"] == expected > 10
+
+
+def test_a_deepseek_prompt_counts_more_than_the_guards_exact_count(fake: FakeVolcengine) -> None:
+    """A deepseek* model is counted with the DeepSeek-V4 tokenizer and template plus the fake's
+    hidden drift (+3%, +2 per message): above the guard's exact count, within its 1.1 floor."""
+    from volc_quota_guard import counting
+
+    text = "请把免费额度的规则总结成三条要点，并说明什么时候开始计费。" * 20
+    messages = [{"role": "system", "content": "你是一个助手"},
+                {"role": "user", "content": text + " [[fake completion=1]]"}]
+    r = HTTP.post(f"{fake.ark_base_url}/chat/completions", headers=AUTH, timeout=30,
+                   json={"model": MODEL, "messages": messages})
+    exact = counting.count_chat("deepseek", messages, None)
+    assert r.json()["usage"]["prompt_tokens"] == -(-exact * 103 // 100) + 2 * 2
+    assert exact < r.json()["usage"]["prompt_tokens"] <= exact * 1.1
+    for_doubao = HTTP.post(f"{fake.ark_base_url}/chat/completions", headers=AUTH, timeout=30,
+                           json={"model": "doubao-seed-2-1-pro-260628", "messages": messages})
+    assert for_doubao.json()["usage"]["prompt_tokens"] > exact * 1.1  # cl100k over-counts Chinese
 
 
 def test_bad_keys_and_bad_directives_are_rejected(fake: FakeVolcengine) -> None:

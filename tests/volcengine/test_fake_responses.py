@@ -172,14 +172,15 @@ def test_a_capped_stream_ends_incomplete_and_a_cut_stream_still_charges(
 
 
 def test_embeddings_bill_every_input_and_report_usage(fake: FakeVolcengine) -> None:
-    """Strings are counted with cl100k, token arrays by length; usage and ledger agree."""
+    """Strings are counted by the model's tokenizer (MODEL is DeepSeek: 2 and 1 tokens, each
+    + 3% rounded up), token arrays by length; usage and ledger agree."""
     one = embed(fake, "hello world").json()
-    assert one["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
+    assert one["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
     many = embed(fake, ["hello world", "hi", [1, 2, 3, 4, 5]]).json()
     assert [d["index"] for d in many["data"]] == [0, 1, 2]
-    assert many["usage"]["prompt_tokens"] == 2 + 1 + 5
+    assert many["usage"]["prompt_tokens"] == 3 + 2 + 5
     assert embed(fake, [[7] * 9, [8] * 3]).json()["usage"]["prompt_tokens"] == 12
-    assert fake.pool_totals(POOL_A).consumed == 2 + 8 + 12
+    assert fake.pool_totals(POOL_A).consumed == 3 + 10 + 12
     assert [r.endpoint for r in fake.chat_requests()] == ["embeddings"] * 3
     assert embed(fake, []).status_code == 400
     assert embed(fake, {"text": "x"}).status_code == 400

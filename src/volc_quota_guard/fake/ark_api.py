@@ -15,7 +15,11 @@ directive in the last user message (chat), the input text (Responses) or any inp
 Chat billing rules:
 
 - **Prompt** = text + media. Text is ``litellm.token_counter`` (cl100k) over every message's
-  text parts, the ``tools`` and ``response_format``'s JSON; ``prompt=`` (or the
+  text parts, the ``tools`` and ``response_format``'s JSON — except for models named
+  ``deepseek*``, counted like Ark counts them and deliberately *more expensive* than the guard's
+  exact model: the DeepSeek-V4 tokenizer over the V4 chat template (``counting.count_chat``),
+  then a drift the guard is not told about, +3% on the count and +2 tokens per message
+  (``DEEPSEEK_DRIFT_PPM``, ``DEEPSEEK_DRIFT_PER_MESSAGE``); ``prompt=`` (or the
   ``prompt_tokens`` default) replaces only this text count. Media is added on top: images by
   Ark's formula (``media.py``), each video/audio/file part ``media=`` tokens (default
   ``media_tokens``, 200,000). An unknown content part type is a 400.
@@ -31,9 +35,10 @@ Chat billing rules:
 - ``usage.completion_tokens`` = n × (answer + reasoning);
   ``completion_tokens_details.reasoning_tokens`` = n × reasoning.
 
-Embeddings: prompt = cl100k tokens of every input string (a token array counts its length),
-or ``prompt=``; no output. Every request that completes consumes (prompt + output − cached
-when ``count_cached`` is off) from the ledger at completion time — before the response
+Embeddings: prompt = cl100k tokens (``deepseek*``: DeepSeek's + 3%) of every input string
+(a token array counts its length), or ``prompt=``; no output. Every request that completes
+consumes (prompt + output − cached when ``count_cached`` is off) from the ledger at
+completion time — before the response
 (non-streaming) or before the final chunk (streaming) — so a client that has read the answer
 sees the ledger already charged; beyond the free balance it is billed. ``cut=N`` ends a
 stream after N content chunks with no usage and no ``[DONE]``; the full amount is still
@@ -165,17 +170,50 @@ def _litellm() -> Any:
     return litellm
 
 
-def count_prompt_tokens(messages: list[Any], tools: list[Any] | None = None) -> int:
-    """What a client-side tokenizer would say (cl100k via LiteLLM, offline)."""
+# DeepSeek models: the fake counts more than the guard's exact count, on purpose. The guard
+# renders the V4 chat template and counts it with the DeepSeek-V4 tokenizer; the fake does
+# the same, then adds what the guard is not told: a template that costs DEEPSEEK_DRIFT_PER_MESSAGE
+# more tokens per message and a tokenizer version that counts DEEPSEEK_DRIFT_PPM more text. Both
+# are inside what the guard's 1.1 floor is meant to cover on messages of ~30+ tokens, so a
+# guard that under-counts DeepSeek, or floors it below that, fails the tests.
+DEEPSEEK_DRIFT_PER_MESSAGE = 2
+DEEPSEEK_DRIFT_PPM = 1_030_000  # +3%
+
+
+def is_deepseek(model: str | None) -> bool:
+    """Whether the fake counts `model` with the DeepSeek tokenizer (a name starting `deepseek`)."""
+    return bool(model) and str(model).rsplit("/", 1)[-1].lower().startswith("deepseek")
+
+
+def _drift(tokens: int, messages: int = 0) -> int:
+    return -(-tokens * DEEPSEEK_DRIFT_PPM // 1_000_000) + DEEPSEEK_DRIFT_PER_MESSAGE * messages
+
+
+def count_prompt_tokens(messages: list[Any], tools: list[Any] | None = None,
+                        model: str | None = None) -> int:
+    """Ark's count of a prompt: DeepSeek models by the DeepSeek-V4 tokenizer and template plus
+    the fake's hidden drift; any other model as a client-side tokenizer would (cl100k via
+    LiteLLM, offline)."""
     try:
+        if is_deepseek(model):
+            from .. import counting
+
+            return _drift(counting.count_chat("deepseek", messages, tools), len(messages))
         return int(_litellm().token_counter(model="gpt-3.5-turbo", messages=messages,
                                             tools=tools or None))
     except Exception as exc:  # a message LiteLLM cannot read: Ark would not either
         raise ValueError(f"unreadable messages or tools: {exc}") from None
 
 
-def count_text_tokens(text: str) -> int:
-    return int(_litellm().token_counter(model="gpt-3.5-turbo", text=text)) if text else 0
+def count_text_tokens(text: str, model: str | None = None) -> int:
+    """Ark's count of plain text (DeepSeek models: the DeepSeek-V4 tokenizer + the drift)."""
+    if not text:
+        return 0
+    if is_deepseek(model):
+        from .. import counting
+
+        return _drift(counting.deepseek_tokens(text))
+    return int(_litellm().token_counter(model="gpt-3.5-turbo", text=text))
 
 
 def split_content(content: Any, media_per_part: int) -> tuple[Any, int]:
@@ -282,9 +320,11 @@ def _chat_bill(state: FakeState, request: dict[str, Any], directive: Directive) 
         raise ValueError("tools must be a list")
     text = directive.prompt if directive.prompt is not None else defaults.prompt_tokens
     if text is None:
-        text = count_prompt_tokens(text_messages, tools)
+        model = request.get("model")
+        text = count_prompt_tokens(text_messages, tools, model)
         if isinstance(request.get("response_format"), dict):
-            text += count_text_tokens(json.dumps(request["response_format"], ensure_ascii=False))
+            text += count_text_tokens(json.dumps(request["response_format"], ensure_ascii=False),
+                                      model)
     max_tokens = int_field(request, "max_tokens", 0, None)
     max_completion = int_field(request, "max_completion_tokens", 0, MAX_COMPLETION_TOKENS)
     if max_tokens is not None and max_completion is not None:
@@ -454,7 +494,7 @@ def handle_embeddings(state: FakeState, header: Callable[[str], str | None],
     if directive.prompt is not None:
         prompt = directive.prompt
     else:
-        prompt = sum(len(v) if isinstance(v, list) else count_text_tokens(v) for v in inputs)
+        prompt = sum(len(v) if isinstance(v, list) else count_text_tokens(v, model) for v in inputs)
     seq = state.next_chat_seq()
     record = ChatRecord(
         seq=seq, at_ms=state.now_ms(), account=account.name, model=model, pool=pool,
