@@ -18,7 +18,7 @@ import redis  # noqa: E402
 
 from volc_quota_guard import hook as hook_mod  # noqa: E402
 from volc_quota_guard import loglines  # noqa: E402
-from volc_quota_guard.admission import ROUTES, pin_output  # noqa: E402
+from volc_quota_guard.admission import EXACT_DRIFT_TOKENS, ROUTES, pin_output  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.deployments import (  # noqa: E402
     GuardConfigError,
@@ -501,7 +501,8 @@ def test_the_counting_method_comes_from_model_info_and_a_bad_one_is_a_400(
         kw = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c1")
         kw["metadata"]["model_info"]["vqg_tokenizer"] = "deepseek"
         await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
-        exact = counting.count_chat("deepseek", [{"role": "user", "content": text}], None)
+        exact = counting.count_chat("deepseek", [{"role": "user", "content": text}], None) + \
+            EXACT_DRIFT_TOKENS
         assert next(iter(w.guard._reservations.values())).input_tokens == exact
         assert w.state()["inflight_est"] == exact
         bad = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c2")

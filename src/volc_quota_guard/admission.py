@@ -36,6 +36,9 @@ MAX_OUTPUT_TOKENS = estimate.MAX_OUTPUT_TOKENS
 DEFAULT_REASONING_TOKENS = 8_192  # reasoning allowance when a deployment does not say
 OUTPUT_PARAMS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 TEMPLATE_TOKENS = 8  # chat-template tokens Ark adds around each message it builds from a field
+# An exact tokenizer's count is floored at k = 1.1 for version drift, which on a message of a few
+# tokens is less than one token: each message also gets this many (a template that differs a bit).
+EXACT_DRIFT_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -361,7 +364,8 @@ def _count_chat(method: counting.Method, messages: list[dict[str, Any]], tools: 
     """Text-only chat messages (and tools) by the deployment's method, template included."""
     if method == "deepseek":  # exact, plus the bytes of whatever the template does not render
         return counting.count_chat(method, list[Mapping[str, Any]](messages), tools) + \
-            sum(_byte_bound(rest) for rest in map(_unrendered, messages) if rest)
+            sum(_byte_bound(rest) for rest in map(_unrendered, messages) if rest) + \
+            EXACT_DRIFT_TOKENS * len(messages)
     return estimate.count_chat(messages, tools)  # cl100k; "ark-api" counts cl100k for now
 
 

@@ -12,6 +12,7 @@ import pytest
 from proxy_support import DS, POOL_A, POOL_B, Proxy, call_id, start_proxy, stop_proxy, sync_env
 
 from volc_quota_guard import counting, estimate
+from volc_quota_guard.admission import EXACT_DRIFT_TOKENS
 from volc_quota_guard.fake import FakeVolcengine
 
 pytestmark = pytest.mark.proxy
@@ -70,7 +71,7 @@ def test_a_deepseek_request_is_held_at_its_exact_count_and_covers_what_ark_bills
     assert [synced.state(p).get("corr_min") for p in (POOL_A, POOL_B, POOL_DOUBAO)] == \
         [1_100_000, 1_100_000, 1_700_000]
     messages = [{"role": "user", "content": ZH + " [[fake completion=60 delay=1.5]]"}]
-    exact = counting.count_chat("deepseek", messages, None)
+    exact = counting.count_chat("deepseek", messages, None) + EXACT_DRIFT_TOKENS
     before = len(synced.fake.chat_requests())
     done: list[Any] = []
     worker = threading.Thread(target=lambda: done.append(synced.client().chat.completions.create(
