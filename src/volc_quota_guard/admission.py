@@ -252,7 +252,10 @@ def plan_output(*, answer_cap: int | None, total_cap: int | None, thinking: bool
 
 def validate(params: Mapping[str, Any], route: Route) -> None:
     """The cheap checks of a request's own fields (before routing): caps, ``n``, messages."""
-    view = upstream_view(params)
+    _check(upstream_view(params), params, route)
+
+
+def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> None:
     for name in _UNBOUNDED_CONTEXT:
         if view.get(name) is not None:
             raise InvalidRequest(name, f"{name}: server-side context the guard cannot size; "
@@ -293,8 +296,8 @@ def size(params: Mapping[str, Any], route: Route, limits: Limits,
     ``chain_tokens`` is what the guard recorded for the ``previous_response_id`` the request
     names (None: not one the guard has seen).
     """
-    validate(params, route)
     view = upstream_view(params)
+    _check(view, params, route)
     inp = count_input(view, route, limits)
     chain = 0
     if route.kind == "responses" and view.get("previous_response_id") is not None:

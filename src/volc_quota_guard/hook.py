@@ -418,7 +418,6 @@ class QuotaGuard(CustomLogger):
                 if admission.choices(admission.upstream_view(kwargs)) > live.choices:
                     raise InvalidRequest("n", "n changed between the two halves of one call")
                 return self._admit(kwargs, route, live)
-            admission.validate(kwargs, route)
             chain = await self._known_chain(guard, kwargs, route)
             sizing = await self._size(kwargs, route, self._limits(guard), chain)
         except InvalidRequest as exc:
