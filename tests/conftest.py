@@ -12,8 +12,8 @@ import redis
 from secure_redis import REDIS_PASSWORD, RedisServer, start_redis
 
 from backend import TEST_REDIS_URL
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.store import EmbeddedTcpServer, connect, serve_embedded
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import EmbeddedTcpServer, connect, serve_embedded
 
 
 def pytest_report_header(config: pytest.Config) -> str:

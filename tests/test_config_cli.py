@@ -9,8 +9,8 @@ from volc_quota_guard.cli import main
 from volc_quota_guard.config import load_settings
 from volc_quota_guard.errors import ConfigError
 from volc_quota_guard.gate import Gate
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.store import connect
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect
 
 
 def test_defaults_match_the_design(monkeypatch):

@@ -16,7 +16,7 @@ from volc_quota_guard.counting import CORRECTION_FLOOR_PPM, count_chat, count_te
 from volc_quota_guard.errors import ConfigError
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.fake.tokenize_api import tokenize_control
-from volc_quota_guard.volc_tokenize import ArkTokenizer, chat_count
+from volc_quota_guard.volcengine.volc_tokenize import ArkTokenizer, chat_count
 
 API_KEY = "ark-key-a"
 ACCOUNTS = {"acct-a": ("AKLTcountA00000000001", "secret-count-a", API_KEY)}

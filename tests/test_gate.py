@@ -10,7 +10,7 @@ import redis
 from volc_quota_guard.clock import ManualClock, next_beijing_midnight_ms
 from volc_quota_guard.errors import GateError, StoreUnavailable
 from volc_quota_guard.gate import Gate, Snapshot
-from volc_quota_guard.keys import KeySpace, pool_id
+from volc_quota_guard.gate.keys import KeySpace, pool_id
 
 POOL = pool_id("acct-a", "deepseek-v4-flash-ga-260731")
 T0 = 1_786_600_000_000  # 2026-08-13 13:46 Beijing
@@ -233,7 +233,7 @@ def test_eviction_deadlines_come_back_on_this_hosts_clock(client, keyspace):
 
     from backend import TEST_REDIS_URL
     from volc_quota_guard.gate import AsyncGate
-    from volc_quota_guard.store import connect_async
+    from volc_quota_guard.gate.store import connect_async
 
     skewed = ManualClock(int(time.time() * 1000) - 3_600_000)  # the store is an hour behind us
     Gate(client, keyspace, skewed).install_snapshot(  # collection wall: evicted until midnight

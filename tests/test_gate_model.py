@@ -18,9 +18,9 @@ from backend import TEST_REDIS_URL
 from volc_quota_guard.clock import ManualClock, beijing_day, next_beijing_midnight_ms
 from volc_quota_guard.errors import GateError
 from volc_quota_guard.gate import PPM, Decision, Gate, Snapshot
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.model import RESOLVED_MS, GateModel, Held
-from volc_quota_guard.store import connect
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.model import RESOLVED_MS, GateModel, Held
+from volc_quota_guard.gate.store import connect
 
 POOLS = ["acct-a/model-x", "acct-b/model-x"]
 IDS = [f"call-{i}" for i in range(8)]

@@ -16,20 +16,24 @@ import litellm  # noqa: E402
 import pytest  # noqa: E402
 import redis  # noqa: E402
 
-from volc_quota_guard import hook as hook_mod  # noqa: E402
-from volc_quota_guard import loglines  # noqa: E402
 from volc_quota_guard.admission import EXACT_DRIFT_TOKENS, ROUTES, pin_output  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
-from volc_quota_guard.deployments import (  # noqa: E402
+from volc_quota_guard.gate import AsyncGate, Decision, Gate, Snapshot  # noqa: E402
+from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
+from volc_quota_guard.gate.store import connect_async  # noqa: E402
+from volc_quota_guard.outcome import failure_action, read_usage  # noqa: E402
+from volc_quota_guard.proxy import hook as hook_mod  # noqa: E402
+from volc_quota_guard.proxy import (
+    loglines,  # noqa: E402
+    refusals,  # noqa: E402
+)
+from volc_quota_guard.proxy.deployments import (  # noqa: E402
     GuardConfigError,
     guard_for,
     guard_for_deployment,
 )
-from volc_quota_guard.gate import AsyncGate, Decision, Gate, Snapshot  # noqa: E402
-from volc_quota_guard.hook import QuotaGuard, QuotaRefused, QuotaStoreDown  # noqa: E402
-from volc_quota_guard.keys import KeySpace  # noqa: E402
-from volc_quota_guard.outcome import failure_action, read_usage  # noqa: E402
-from volc_quota_guard.store import connect_async  # noqa: E402
+from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
+from volc_quota_guard.proxy.refusals import QuotaRefused, QuotaStoreDown  # noqa: E402
 
 TEST_REDIS_URL = os.environ.get("VQG_TEST_REDIS_URL") or None  # as tests/conftest.py
 
@@ -81,9 +85,9 @@ def test_output_cap_is_pinned_where_it_bounds_reasoning() -> None:
 def test_retry_after_follows_the_wall() -> None:
     """Collection wall: until midnight; balance wall (far future): the sync interval; else a minute."""
     now = 1_000_000_000_000
-    assert hook_mod.retry_after_s(now + 90_500, now, 300) == 91
-    assert hook_mod.retry_after_s(4_102_444_800_000, now, 300) == 300
-    assert hook_mod.retry_after_s(0, now, 300) == hook_mod.REFUSED_RETRY_AFTER_S
+    assert refusals.retry_after_s(now + 90_500, now, 300) == 91
+    assert refusals.retry_after_s(4_102_444_800_000, now, 300) == 300
+    assert refusals.retry_after_s(0, now, 300) == refusals.REFUSED_RETRY_AFTER_S
 
 
 def test_usage_reading_sources() -> None:

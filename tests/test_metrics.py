@@ -15,7 +15,7 @@ from volc_quota_guard import cli, metrics
 from volc_quota_guard.clock import ManualClock
 from volc_quota_guard.config import load_settings
 from volc_quota_guard.gate import Decision, Gate, Snapshot
-from volc_quota_guard.keys import KeySpace
+from volc_quota_guard.gate.keys import KeySpace
 
 BUSY = "acct-m/busy-model"
 STALE = "acct-m/stale-model"
@@ -81,14 +81,16 @@ def test_endpoint_serves_gauges_and_this_process_counters(seeded: Gate,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The proxy's endpoint (VQG_METRICS_PORT) serves the store's gauges and the counters the
     hook increments; a second start in the same process serves nothing more."""
-    monkeypatch.setattr(metrics, "_served_pid", 0)
+    from volc_quota_guard.proxy import runtime
+
+    monkeypatch.setattr(runtime, "PROCESS", runtime.Process())
     port = free_port()
     monkeypatch.setenv("VQG_METRICS_PORT", str(port))
     cfg = load_settings()
-    server = metrics.serve_in_proxy(cfg)
+    server = runtime.serve_metrics(cfg)
     assert server is not None
     try:
-        assert metrics.serve_in_proxy(cfg) is None
+        assert runtime.serve_metrics(cfg) is None
         clamp = Decision("ok", "admitted", 500, 0, 1, 1, 1, 1, 500, 1, False)
         metrics.reserved(BUSY, clamp, 800)  # clamped to 500 and left the pool under evict_below
         metrics.reserved(BUSY, Decision("refused", "collection_wall", 0, 9, 1, 1, 1, 1, 0, 0, False), 80)

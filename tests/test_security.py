@@ -17,11 +17,12 @@ from volc_quota_guard.config import load_settings
 from volc_quota_guard.errors import StoreUnavailable
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot
-from volc_quota_guard.hook import QuotaGuard, QuotaStoreDown
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.packages import PoolSpec
-from volc_quota_guard.store import connect, connect_async
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect, connect_async
+from volc_quota_guard.proxy.hook import QuotaGuard
+from volc_quota_guard.proxy.refusals import QuotaStoreDown
 from volc_quota_guard.sync import SyncService
+from volc_quota_guard.volcengine.packages import PoolSpec
 
 POOL = "acct-a/deepseek-v4-flash-ga-260731"
 ACCESS_KEY = "AKLTvqgLeakCheckAccess0001"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .errors import (
+    ArkCallError,
     BillingAuthError,
     BillingError,
     BillingMalformed,
@@ -12,13 +13,15 @@ from .errors import (
     BillingTransient,
     ConfigError,
     GateError,
+    GuardConfigError,
+    InvalidRequest,
     QuotaGuardError,
     StoreUnavailable,
 )
 from .gate import AsyncGate, Decision, Gate, Snapshot
 
 if TYPE_CHECKING:
-    from .hook import QuotaGuard
+    from .proxy.hook import QuotaGuard
 
     proxy_handler_instance: QuotaGuard
 
@@ -27,13 +30,14 @@ def __getattr__(name: str) -> object:
     # The LiteLLM callback (`callbacks: volc_quota_guard.proxy_handler_instance`), imported on
     # first use so the CLI and the library do not load LiteLLM and the tokenizer.
     if name == "proxy_handler_instance":
-        from .hook import proxy_handler_instance
+        from .proxy.runtime import proxy_handler
 
-        return proxy_handler_instance
+        return proxy_handler()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "ArkCallError",
     "AsyncGate",
     "BillingAuthError",
     "BillingError",
@@ -44,6 +48,8 @@ __all__ = [
     "Decision",
     "Gate",
     "GateError",
+    "GuardConfigError",
+    "InvalidRequest",
     "QuotaGuardError",
     "Snapshot",
     "StoreUnavailable",

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import counting, estimate, media
-from .errors import ConfigError
-from .estimate import InvalidRequest
+from .errors import ConfigError, InvalidRequest
+from .gate.values import MAX_REQUEST, Decision
 
 Kind = Literal["chat", "responses", "embedding", "messages"]
 
@@ -190,6 +190,26 @@ class Sizing:
     def per_choice_for(self, granted_output: int) -> int:
         """The per-choice cap a grant of ``granted_output`` output tokens allows."""
         return min(self.per_choice, granted_output // self.choices) if self.choices else 0
+
+    @property
+    def wanted(self) -> int:
+        """What to reserve: the input and the whole output, within the gate's per-request ceiling."""
+        return min(self.input_tokens + self.output, MAX_REQUEST)
+
+    @property
+    def least(self) -> int:
+        """The smallest grant worth taking: the input and the least useful output."""
+        return self.input_tokens + self.least_output
+
+    def check_fits(self) -> None:
+        """A request whose least grant is over the gate's ceiling is the client's 400."""
+        if self.least > MAX_REQUEST:
+            raise InvalidRequest("messages", f"request too large: about {self.input_tokens:,} input tokens")
+
+    def granted_per_choice(self, d: Decision) -> int:
+        """The per-choice cap a grant allows: the grant less the input as the gate holds it (the
+        pool's correction k applied), shared by the choices."""
+        return self.per_choice_for(max(d.amount - d.input_reserved, 0))
 
 
 def _cap(view: Mapping[str, Any], name: str) -> int | None:

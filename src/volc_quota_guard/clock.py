@@ -12,8 +12,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 BEIJING = timezone(timedelta(hours=8), "Asia/Shanghai")  # China has no DST: a fixed offset is exact
+MINUTE_MS = 60_000
 MS_PER_DAY = 86_400_000
-_BEIJING_OFFSET_MS = 8 * 3_600_000
+BEIJING_OFFSET_MS = 8 * 3_600_000  # the Lua's day rule uses the same offset (_common.lua)
 
 
 class Clock(Protocol):
@@ -60,11 +61,17 @@ class ManualClock:
 
 def beijing_day(ms: int) -> int:
     """Index of the Beijing (Asia/Shanghai) calendar day holding `ms`; the Lua uses the same rule."""
-    return (ms + _BEIJING_OFFSET_MS) // MS_PER_DAY
+    return (ms + BEIJING_OFFSET_MS) // MS_PER_DAY
 
 
 def next_beijing_midnight_ms(ms: int) -> int:
-    return (beijing_day(ms) + 1) * MS_PER_DAY - _BEIJING_OFFSET_MS
+    return (beijing_day(ms) + 1) * MS_PER_DAY - BEIJING_OFFSET_MS
+
+
+def beijing_time_ms(day: int, at: str) -> int:
+    """The instant of Beijing wall-clock time `at` (HH:MM) on Beijing `day`."""
+    hours, minutes = (int(x) for x in at.split(":"))
+    return day * MS_PER_DAY - BEIJING_OFFSET_MS + (hours * 60 + minutes) * MINUTE_MS
 
 
 def to_beijing(ms: int) -> datetime:

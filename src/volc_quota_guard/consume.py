@@ -12,7 +12,6 @@ The run stops when the plan is met, a wall comes near, the day ends, or calls ke
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -20,12 +19,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 
 from . import admission, counting
-from .ark import ArkChat, ArkTarget, consume_messages, targets_from_model_list
-from .clock import MS_PER_DAY, beijing_day, next_beijing_midnight_ms
+from .clock import MS_PER_DAY, beijing_day, beijing_time_ms, next_beijing_midnight_ms
 from .config import Settings
 from .consume_plan import ConsumePlan, forecast_natural, plan_pool
 from .errors import ArkCallError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Gate, PoolState
+from .volcengine.ark import ArkChat, ArkTarget, consume_messages
 
 log = logging.getLogger("volc_quota_guard.consume")
 # The consume call's body caps answer + reasoning itself (max_completion_tokens): no allowance.
@@ -36,13 +35,6 @@ TAG = "🍽️ [CONSUME]"
 CLAIM_MS = 2 * MS_PER_DAY  # the day's claim outlives the day
 HISTORY_KEEP_DAYS = 30
 RUN_MS = 3_600_000  # how long a run may take: a package must not enter the wall's expiry window
-_BEIJING_OFFSET_MS = 8 * 3_600_000
-
-
-def run_time_ms(day: int, at: str) -> int:
-    """When the run of Beijing `day` is due (`at` is HH:MM, Beijing time)."""
-    hours, minutes = (int(x) for x in at.split(":"))
-    return day * MS_PER_DAY - _BEIJING_OFFSET_MS + (hours * 60 + minutes) * 60_000
 
 
 @dataclass(frozen=True)
@@ -79,8 +71,7 @@ class ConsumeTask:
                  chat: ArkChat | None = None, background: bool = False) -> None:
         self.cfg = cfg
         self.gate = gate
-        self.client = gate.client
-        self.keyspace = gate.args.keyspace
+        self.records = gate.records
         self.targets = targets
         self.chat = chat or ArkChat(cfg.consume_timeout_seconds, cfg.count_cached_tokens)
         self.background = background
@@ -90,10 +81,6 @@ class ConsumeTask:
         self._worker: threading.Thread | None = None
 
     # -- reading --------------------------------------------------------------------------
-    def _history(self, pool: str) -> dict[str, int]:
-        raw = self.client.hgetall(self.keyspace.consume_history(pool))
-        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
-
     def _natural_days(self, history: Mapping[str, int], state: PoolState,
                       today: int) -> dict[int, int]:
         days = {int(k.split(":")[0]): v for k, v in history.items() if k.endswith(":natural")}
@@ -115,13 +102,13 @@ class ConsumeTask:
         if now > state.get("valid_until"):
             return None, "snapshot is stale (the billing sync is failing?)", state
         today = beijing_day(now)
-        history = self._history(pool)
+        history = self.records.consume_history(pool)
         natural = self._natural_days(history, state, today)
         so_far = max(0, state.get("day_usage") - history.get(f"{today}:task", 0))
         fraction = (now - (next_beijing_midnight_ms(now) - MS_PER_DAY)) / MS_PER_DAY
         forecast = forecast_natural(natural, today, so_far, fraction)
         buffer = self.cfg.small_buffer
-        at_today = run_time_ms(today, self.cfg.consume_at)
+        at_today = beijing_time_ms(today, self.cfg.consume_at)
         next_run = at_today if now < at_today else at_today + MS_PER_DAY
         plan = plan_pool(
             pool=pool, now_ms=now, packages=state.packages,
@@ -148,17 +135,15 @@ class ConsumeTask:
         if target is None:
             return ConsumeOutcome(pool, day, "skipped", plan,
                                   stop="no deployment with an API key for this pool")
-        claim = self.keyspace.consume_done(pool, day)
-        mine = json.dumps({"owner": self.owner, "status": "running", "started_ms": now})
-        if not self.client.set(claim, mine, nx=True, px=CLAIM_MS):
-            held = self.client.get(claim)
-            text = held.decode() if isinstance(held, bytes) else str(held)
-            log.info("%s %s skip: today's run is already claimed (%s)", TAG, pool, text[:200])
+        mine = {"owner": self.owner, "status": "running", "started_ms": now}
+        held = self.records.claim_day(pool, day, mine, CLAIM_MS)
+        if held is not None:
+            log.info("%s %s skip: today's run is already claimed (%s)", TAG, pool, held[:200])
             return ConsumeOutcome(pool, day, "claimed_elsewhere", stop="already claimed today")
         # Plan again now that the day is ours: another instance may have run a moment ago.
         plan, why_not, state = self.plan(pool)
         if plan is None or state is None:
-            self._finish(claim, pool, day, None, _Run(stop=why_not))
+            self._finish(pool, day, None, _Run(stop=why_not))
             return ConsumeOutcome(pool, day, "done", stop=why_not)
         self._remember_history(pool, state, day)
         log.info("%s %s plan=%s need=%s waste=%s forecast=%s/day reason=%s", TAG, pool,
@@ -167,36 +152,33 @@ class ConsumeTask:
         run = _Run()
         try:
             self._execute(pool, target, plan, day, run)
-        except (QuotaGuardError, OSError) as exc:  # e.g. the store went away mid-run
+        except (QuotaGuardError, OSError) as exc:  # e.g. the store went away mid-run (StoreUnavailable)
             run.stop = f"failed: {exc}"
             log.error("%s %s run failed after %s call(s): %s; not retried today", TAG, pool,
                       run.calls, exc)
-        self._finish(claim, pool, day, plan, run)
+        self._finish(pool, day, plan, run)
         return ConsumeOutcome(pool, day, "done", plan, run.consumed, run.calls, run.stop)
 
     def _remember_history(self, pool: str, state: PoolState, today: int) -> None:
-        key = self.keyspace.consume_history(pool)
-        self.client.hsetnx(key, "first_day", today)
-        history = self._history(pool)
+        self.records.note_history(pool, "first_day", today)
+        history = self.records.consume_history(pool)
         natural = self._natural_days(history, state, today)
         if today - 1 in natural and f"{today - 1}:natural" not in history:
-            self.client.hsetnx(key, f"{today - 1}:natural", natural[today - 1])
-        old = [k for k in history if k[0].isdigit() and int(k.split(":")[0]) < today - HISTORY_KEEP_DAYS]
-        if old:
-            self.client.hdel(key, *old)
+            self.records.note_history(pool, f"{today - 1}:natural", natural[today - 1])
+        self.records.forget_history(pool, [k for k in history if k[0].isdigit()
+                                           and int(k.split(":")[0]) < today - HISTORY_KEEP_DAYS])
 
-    def _finish(self, claim: str, pool: str, day: int, plan: ConsumePlan | None, run: _Run) -> None:
+    def _finish(self, pool: str, day: int, plan: ConsumePlan | None, run: _Run) -> None:
         done = {"owner": self.owner, "status": "done", "planned": plan.tokens if plan else 0,
                 "consumed": run.consumed, "calls": run.calls, "stop": run.stop,
                 "finished_ms": self.gate.now_ms()}
-        self.client.set(claim, json.dumps(done), xx=True, keepttl=True)
+        self.records.finish_claim(pool, day, done)
         log.info("%s %s done consumed=%s planned=%s calls=%s stop=%s", TAG, pool,
                  f"{run.consumed:,}", f"{plan.tokens if plan else 0:,}", run.calls, run.stop)
 
     def _execute(self, pool: str, target: ArkTarget, plan: ConsumePlan, day: int, run: _Run) -> None:
         """Call Ark until the plan is met or something says stop (`run.stop` says what)."""
         cfg = self.cfg
-        history = self.keyspace.consume_history(pool)
         while True:
             left = plan.tokens - run.consumed
             if left < cfg.consume_min_call_tokens:
@@ -227,8 +209,7 @@ class ConsumeTask:
                                   admission.ROUTES["acompletion"], limits)
             rid = f"consume:{self.owner[:12]}:{day}:{run.calls}"
             ttl = max(cfg.reservation_ttl_seconds, int(cfg.consume_timeout_seconds) + 60) * 1000
-            granted = self.gate.reserve(pool, rid, need.input_tokens + need.output, ttl_ms=ttl,
-                                        input_tokens=need.input_tokens)
+            granted = self.gate.reserve(pool, rid, need.wanted, ttl_ms=ttl, input_tokens=need.input_tokens)
             if not granted.admitted:
                 run.stop = f"the gate refused the call ({granted.reason})"
                 return
@@ -241,7 +222,7 @@ class ConsumeTask:
                 if exc.may_have_run:
                     self.gate.settle(pool, rid, None)  # unknown: the reservation counts as used
                     run.consumed += budget
-                    self.client.hincrby(history, f"{day}:task", budget)
+                    self.records.add_history(pool, f"{day}:task", budget)
                 else:
                     self.gate.release(pool, rid)
                 log.warning("%s %s call=%s failed (%s); %s", TAG, pool, run.calls, exc,
@@ -255,7 +236,7 @@ class ConsumeTask:
             settled = self.gate.settle(pool, rid, reading.tokens, measured)  # k learns from it too
             used = reading.tokens if reading.tokens is not None else budget
             run.consumed += used
-            self.client.hincrby(history, f"{day}:task", used)
+            self.records.add_history(pool, f"{day}:task", used)
             log.info("%s %s call=%s budget=%s used=%s (%s) left=%s today=%s headroom=%s", TAG, pool,
                      run.calls, f"{budget:,}", f"{used:,}", reading.source,
                      f"{plan.tokens - run.consumed:,}", f"{settled.used_today:,}",
@@ -270,7 +251,7 @@ class ConsumeTask:
         """Run whatever is due now (the sync thread calls this on every poll)."""
         now = self.gate.now_ms()
         day = beijing_day(now)
-        if now < run_time_ms(day, self.cfg.consume_at):
+        if now < beijing_time_ms(day, self.cfg.consume_at):
             return []
         try:
             targets = self.targets()
@@ -317,17 +298,3 @@ def outcome_json(outcome: ConsumeOutcome) -> dict[str, object]:
     if outcome.plan is not None:
         out["plan"]["waste"] = outcome.plan.waste
     return out
-
-
-def _router_targets() -> dict[str, ArkTarget]:
-    """The guarded pools of the proxy's router with a deployment to call, read afresh each tick."""
-    from litellm.proxy import proxy_server  # late: the router is created after our import
-
-    router = getattr(proxy_server, "llm_router", None)
-    return {} if router is None else targets_from_model_list(router.model_list)
-
-
-def in_proxy(cfg: Settings, gate: Gate) -> ConsumeTask:
-    """The task as the proxy's sync thread runs it: a run goes to its own thread."""
-    log.info("%s scheduled daily at %s Beijing time", TAG, cfg.consume_at)
-    return ConsumeTask(cfg, gate, _router_targets, background=True)

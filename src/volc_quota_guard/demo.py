@@ -34,7 +34,8 @@ from .clock import BEIJING, to_beijing
 from .config import settings
 from .errors import redact
 from .fake import FakeVolcengine, Ledger, ScaledClock
-from .store import connect, serve_embedded
+from .gate import KeySpace, Records
+from .gate.store import connect, serve_embedded
 
 SCALE = 240  # one real second = four Volcengine minutes
 MASTER_KEY = "sk-vqg-demo"
@@ -205,9 +206,7 @@ def run(seconds: float = 100.0, console: Console | None = None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         fake.stop()
-        client = connect(store_url)
-        for key in client.scan_iter(f"{prefix}:*", count=1000):
-            client.delete(key)
+        Records(connect(store_url), KeySpace(prefix)).clear()
         if embedded is not None:
             embedded.stop()
 

@@ -2,6 +2,8 @@
 
     QuotaGuardError
     ├── ConfigError            a setting is missing or out of range (startup stops)
+    │   └── GuardConfigError       a guarded deployment names no valid pool (its requests are refused)
+    ├── InvalidRequest         a client's request is malformed (HTTP 400); `param` names the field
     ├── StoreUnavailable       Redis (or the embedded store) cannot be reached
     ├── GateError              the gate script refused its arguments (a bug, never a write)
     ├── BillingError           the Volcengine billing API failed
@@ -11,7 +13,9 @@
     │   └── BillingMalformed       the answer is not what the API documents
     └── ArkCallError           a consume task's chat call to Ark failed
 
-Redis and SDK exceptions are translated where they are caught (`raise … from exc`).
+Redis errors become `StoreUnavailable` in one place, `gate/store.py`'s `store_errors()`, for the
+gate and its side records alike; billing SDK errors in `volcengine/billing.py`; both
+`raise … from exc`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,18 @@ class QuotaGuardError(Exception):
 
 class ConfigError(QuotaGuardError):
     """A setting is missing, malformed or out of its allowed range."""
+
+
+class GuardConfigError(ConfigError, ValueError):
+    """A guarded deployment's config cannot name a valid pool (a fail-closed refusal)."""
+
+
+class InvalidRequest(QuotaGuardError, ValueError):
+    """The request's own fields are malformed (HTTP 400); `param` names the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class StoreUnavailable(QuotaGuardError):

@@ -15,19 +15,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 
 import litellm  # noqa: E402  (after the env default above)
 
-from .errors import QuotaGuardError  # noqa: E402
+from .errors import InvalidRequest  # noqa: E402
 
 MAX_OUTPUT_TOKENS = 10_000_000  # above any Ark model's output; larger is a client error
 THREAD_ABOVE_CHARS = 20_000  # tokenize bigger prompts off the event loop
 TOKENIZER_MODEL = "volcengine/unknown"  # no Ark tokenizer in LiteLLM: resolves to cl100k
-
-
-class InvalidRequest(QuotaGuardError, ValueError):
-    """The request's own fields are malformed (HTTP 400); `param` names the field."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def warm_up() -> None:

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .gate import Snapshot
+from .gate.values import Snapshot
 
 MINUTE_MS = 60_000
 QUIET_MS = 120 * MINUTE_MS  # no usage for this long: every plausible lag has settled

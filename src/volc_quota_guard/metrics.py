@@ -10,21 +10,21 @@ dashboard sums them over instances. Names and alert rules: docs/metrics.md.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Iterator
-from typing import Any
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING, Any
 
-import redis
-from prometheus_client import CollectorRegistry, Counter, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .config import Settings
 from .errors import QuotaGuardError, redact
-from .gate import Decision, Gate
-from .keys import KeySpace
-from .store import connect
+from .gate import Decision, Gate, KeySpace
+from .gate.store import connect
+from .status import pool_status
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger("volc_quota_guard.metrics")
 
@@ -106,21 +106,19 @@ class PoolCollector(Collector):
         self._gate: Gate | None = None
 
     def _rows(self) -> list[dict[str, Any]]:
-        from .commands.status import pool_status  # late: the CLI layer sits above this module
-
         if self._gate is None:
             client = self._client
             if client is None:
                 client = connect(self.cfg.redis_url, self.cfg.redis_cluster)
             self._gate = Gate(client, self.keyspace)
         gate = self._gate
-        return [pool_status(gate, gate.client, self.keyspace, pool, self.cfg) for pool in gate.pools()]
+        return [pool_status(gate, pool, self.cfg) for pool in gate.pools()]
 
     def collect(self) -> Iterator[Metric]:
         try:
             rows = self._rows()
             up = 1
-        except (QuotaGuardError, redis.RedisError, OSError) as exc:
+        except (QuotaGuardError, OSError) as exc:
             log.warning("📈 [Metrics] quota store unreachable, pool metrics left out: %s",
                         redact(str(exc)))
             rows, up = [], 0
@@ -206,23 +204,3 @@ def registry(cfg: Settings, process_counters: bool = True,
 def exposition(cfg: Settings, process_counters: bool = False) -> str:
     """The metrics once, in the Prometheus text format."""
     return generate_latest(registry(cfg, process_counters)).decode()
-
-
-_served_pid = 0
-
-
-def serve_in_proxy(cfg: Settings) -> WSGIServer | None:
-    """Serve /metrics on VQG_METRICS_HOST:VQG_METRICS_PORT once per process (None: off or taken)."""
-    global _served_pid
-    if not cfg.metrics_port or _served_pid == os.getpid():
-        return None
-    _served_pid = os.getpid()
-    try:
-        server, _ = start_http_server(cfg.metrics_port, cfg.metrics_host, registry=registry(cfg))
-    except OSError as exc:  # another worker of this proxy has the port: its scrape has the gauges
-        log.warning("📈 [Metrics] %s:%s not served by pid %s (%s)", cfg.metrics_host, cfg.metrics_port,
-                    _served_pid, exc)
-        return None
-    log.info("📈 [Metrics] serving http://%s:%s/metrics (pid %s)", cfg.metrics_host, cfg.metrics_port,
-             _served_pid)
-    return server

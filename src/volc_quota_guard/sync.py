@@ -18,10 +18,7 @@ that saw the old day's count contributes it, and the hold itself is in Redis for
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
-import os
 import threading
 import uuid
 from collections import defaultdict
@@ -30,12 +27,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from . import metrics
-from .billing import BillingClient, ResourcePackage
-from .clock import to_beijing
+from .clock import MINUTE_MS, to_beijing
 from .config import Settings
 from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
 from .gate import Decision, Gate
-from .keys import KeySpace
 from .limit import (
     QUIET_MS,
     LimitResult,
@@ -46,14 +41,14 @@ from .limit import (
     compute_limit,
     next_expiry_ms,
 )
-from .packages import PoolSpec, assign, pools_from_model_list
-from .store import connect
+from .volcengine.billing import BillingClient, ResourcePackage
+from .volcengine.packages import PoolSpec, assign
 
 log = logging.getLogger("volc_quota_guard.sync")
 
-LOCK_MS = 60_000  # long enough for a paginated listing with retries
-BURST_SPACING_MS = 60_000  # burst syncs at most once a minute per account
-RETRY_MS = 60_000  # after a failed sync, try again this soon
+LOCK_MS = MINUTE_MS  # long enough for a paginated listing with retries
+BURST_SPACING_MS = MINUTE_MS  # burst syncs at most once a minute per account
+RETRY_MS = MINUTE_MS  # after a failed sync, try again this soon
 TIMELINE_WINDOW_MS = 6 * 3_600_000  # how much of the usage timeline a sync reads
 HOLD_SLACK_MS = 1_000  # the sync after a hold runs this long after its end (Redis's clock moved on)
 BILLING_EVENT = {"vqg_billing": True}  # marks 💸 and ⛔ lines: a finding about the pool, not a sync failure
@@ -73,7 +68,7 @@ def _hold_text(history_start: int, held_until: int) -> str:
     if held_until <= history_start:
         return ""
     return (f"; held until {to_beijing(held_until):%H:%M} (Beijing): the balance API may not show "
-            f"the last {-(-(held_until - history_start) // 60_000)} min of usage yet")
+            f"the last {-(-(held_until - history_start) // MINUTE_MS)} min of usage yet")
 
 
 class PackageLister(Protocol):
@@ -121,8 +116,7 @@ class SyncService:
     ) -> None:
         self.cfg = cfg
         self.gate = gate
-        self.client = gate.client
-        self.keyspace: KeySpace = gate.args.keyspace
+        self.records = gate.records
         self.pools = pools
         self._lister_for = lister_for or (lambda account: BillingClient.for_account(account, config=cfg))
         self._listers: dict[str, PackageLister] = {}
@@ -137,25 +131,14 @@ class SyncService:
     def now_ms(self) -> int:
         return self.gate.now_ms()
 
-    def _meta(self, account: str) -> dict[str, str]:
-        raw = self.client.hgetall(self.keyspace.sync_meta(account))
-        return {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-                for k, v in raw.items()}
-
-    def _usage_total(self, specs: list[PoolSpec]) -> int:
-        total = 0
-        for spec in specs:
-            total += int(self.client.hget(self.keyspace.pool(spec.pool).state, "ucum") or 0)
-        return total
-
     def due(self, account: str, specs: list[PoolSpec], now: int) -> str | None:
         """Why a sync is due now ('interval', 'burst', 'first'), or None."""
-        meta = self._meta(account)
+        meta = self.records.sync_meta(account)
         if "next_at" not in meta:
             return "first"
         if now >= int(meta["next_at"]):
             return "interval"
-        since = self._usage_total(specs) - int(meta.get("usage_total", 0))
+        since = self.records.lifetime_usage(s.pool for s in specs) - int(meta.get("usage_total", 0))
         if since >= self.cfg.burst_tokens and now - int(meta.get("last_at", 0)) >= BURST_SPACING_MS:
             return f"burst (+{since:,} tokens since the last sync)"
         return None
@@ -165,8 +148,7 @@ class SyncService:
         now = self.now_ms()
         if self.due(account, specs, now) is None:
             return SyncOutcome(account, False)
-        lock = self.keyspace.sync_lock(account)
-        if not self.client.set(lock, self.owner, nx=True, px=LOCK_MS):
+        if not self.records.take_sync_lock(account, self.owner, LOCK_MS):
             return SyncOutcome(account, False)
         try:
             why = self.due(account, specs, now)  # re-check: another process may just have synced
@@ -174,8 +156,7 @@ class SyncService:
                 return SyncOutcome(account, False)
             return self.sync_account(account, specs, why)
         finally:
-            if self.client.get(lock) in (self.owner, self.owner.encode()):
-                self.client.delete(lock)
+            self.records.drop_sync_lock(account, self.owner)
 
     # -- history: checkpoints and lost state ------------------------------------------------
     def checkpoint(self, pool: str) -> None:
@@ -201,7 +182,7 @@ class SyncService:
         if (pool, gen) in self._reported or decision.reason != "recovered":
             return
         self._reported.add((pool, gen))
-        held_until = int(self.client.hget(self.keyspace.pool(pool).state, "hold_until") or 0)
+        held_until = self.records.state_int(pool, "hold_until")
         today = (f"today's usage restored to {decision.used_today:,} from this process's checkpoint"
                  if seen else "today's usage before the loss is unknown")
         log.error("⛔ [STATE-LOST] %s: %s vanished while the guard was running; %s, and the daily "
@@ -216,7 +197,6 @@ class SyncService:
 
     def sync_account(self, account: str, specs: list[PoolSpec], why: str = "manual") -> SyncOutcome:
         """Call the billing API once and install a snapshot for each of the account's pools."""
-        meta_key = self.keyspace.sync_meta(account)
         started = self.now_ms()
         try:
             packages = self._lister(account).list_resource_packages()
@@ -227,14 +207,14 @@ class SyncService:
             loud("❌ [Sync] %s: billing API failed (%s: %s); snapshots stay until they go stale, "
                  "then these pools get no headroom: %s", account, kind, exc,
                  ", ".join(s.pool for s in specs))
-            self.client.hset(meta_key, mapping={"next_at": started + RETRY_MS, "last_error": f"{kind}: {exc}",
-                                                "last_error_at": started})
+            self.records.write_sync_meta(account, {"next_at": started + RETRY_MS,
+                                                   "last_error": f"{kind}: {exc}", "last_error_at": started})
             return SyncOutcome(account, True, error=f"{kind}: {exc}")
 
         assignment = assign(packages, specs)
         results = []
-        next_at = started + self.cfg.sync_interval_minutes * 60_000
-        meta = self._meta(account)
+        next_at = started + self.cfg.sync_interval_minutes * MINUTE_MS
+        meta = self.records.sync_meta(account)
         gens: dict[str, str | int] = {}
         for spec in specs:
             pooled = assignment.pools[spec.pool]
@@ -246,25 +226,24 @@ class SyncService:
             if result.held_until_ms:
                 next_at = min(next_at, result.held_until_ms + HOLD_SLACK_MS)  # serve at its end
             if decision.headroom < self.cfg.low_headroom_tokens:
-                next_at = min(next_at, started + self.cfg.sync_low_interval_minutes * 60_000)
+                next_at = min(next_at, started + self.cfg.sync_low_interval_minutes * MINUTE_MS)
             expiry = next_expiry_ms(views, started)
             if expiry is not None:
-                next_at = min(next_at, expiry + 60_000)  # see the expiry as soon as the API shows it
+                next_at = min(next_at, expiry + MINUTE_MS)  # see the expiry as soon as the API shows it
         for miss in assignment.unmatched:
             log.debug("[Sync] %s: package %s not used (%s)", account, miss.package.instance_no, miss.reason)
         record: dict[Any, Any] = {
             "next_at": next_at, "last_at": started, "last_ok_at": started, "last_error": "",
-            "usage_total": self._usage_total(specs), "api_packages": len(packages), "why": why}
-        self.client.hset(meta_key, mapping=record | gens)
+            "usage_total": self.records.lifetime_usage(s.pool for s in specs),
+            "api_packages": len(packages), "why": why}
+        self.records.write_sync_meta(account, record | gens)
         return SyncOutcome(account, True, tuple(results))
 
     def _sync_pool(self, pool: str, views: list[PackageView], now: int,
                    meta: dict[str, str] | None = None,
                    method: str = "cl100k") -> tuple[LimitResult, Decision]:
-        keys = self.keyspace.pool(pool)
         cfg = self.cfg
-        raw_state = self.client.get(keys.limit_state)
-        state = LimitState.from_json(json.loads(raw_state) if raw_state else None)
+        state = LimitState.from_json(self.records.limit_state(pool))
         status = self.gate.status(pool)
         exists = status.decision.reason != "no_snapshot"
         # Where our history begins: the state's stamp, or now for the state this call creates.
@@ -277,14 +256,14 @@ class SyncService:
             state = replace(state, lags=seen.lags)  # the estimator's state went: keep what we saw
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
         # lower bound stays a lower bound when its search starts later).
-        lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * 60_000)
+        lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * MINUTE_MS)
         minutes, floor = self.gate.timeline(pool, now - max(TIMELINE_WINDOW_MS, lag + QUIET_MS))
         usage = UsageView(tuple(minutes), floor, lifetime_usage=status.get("ucum"),
                           inflight=status.get("inflight"))
         result = compute_limit(
             now_ms=now, packages=views, usage=usage, state=state,
-            lag_floor_ms=cfg.lag_floor_minutes * 60_000, small_buffer=cfg.small_buffer,
-            daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * 60_000,
+            lag_floor_ms=cfg.lag_floor_minutes * MINUTE_MS, small_buffer=cfg.small_buffer,
+            daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * MINUTE_MS,
             evict_below=cfg.evict_below, history_start_ms=history_start,
             cold_start_admit=cfg.cold_start_admit_tokens)
         start, top = correction_bounds(cfg, method)
@@ -294,18 +273,18 @@ class SyncService:
         decision = self.gate.install_snapshot(pool, snapshot)
         h = self.gate.history(pool)
         gen = (h or {}).get("hist_at") or history_start
-        self.client.set(keys.limit_state, json.dumps(replace(result.state, generation=gen).to_json()))
+        self.records.write_limit_state(pool, replace(result.state, generation=gen).to_json())
         if not exists and h is not None:
             self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
         if h is not None:
             self._remember(pool, gen, h, result.state.lags)
         today_usage = status.get("day_usage")
         b0 = result.free_total - (usage.lifetime_usage - today_usage)
-        observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // 60_000}min"
+        observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // MINUTE_MS}min"
         log.info("🔄 [Sync] %s: Bal=%s UsageAtSync=%s Δ=%smin (observed %s) B0≈%s Expiring=%s "
                  "Limit=%s Used=%s Headroom=%s",
                  pool, f"{result.balance:,}", f"{result.settled_usage:,}",
-                 result.lag_assumed_ms // 60_000, observed, f"{b0:,}", f"{result.expiring:,}",
+                 result.lag_assumed_ms // MINUTE_MS, observed, f"{b0:,}", f"{result.expiring:,}",
                  f"{decision.balance_wall:,}", f"{decision.used_balance:,}", f"{decision.headroom:,}")
         for note in result.notes:
             log.warning("⚠️ [Sync] %s: %s", pool, note)
@@ -317,7 +296,7 @@ class SyncService:
                           f"{usage.lifetime_usage:,}", extra=BILLING_EVENT)
             else:
                 log.error("💸 [BILLING] %s: free balance still 0 (since %d min ago); pool stays closed",
-                          pool, (now - result.state.billing_since_ms) // 60_000, extra=BILLING_EVENT)
+                          pool, (now - result.state.billing_since_ms) // MINUTE_MS, extra=BILLING_EVENT)
         return result, decision
 
     def _history_began(self, pool: str, gen: int, seen: Checkpoint | None, meta: dict[str, str],
@@ -337,7 +316,7 @@ class SyncService:
                         "the last %d min of usage yet (the guard's history of this pool begins now; "
                         "%s tokens of today's usage assumed unseen)", pool,
                         f"{to_beijing(result.held_until_ms):%H:%M}",
-                        -(-(result.held_until_ms - gen) // 60_000), f"{self.cfg.unseen_day_tokens:,}")
+                        -(-(result.held_until_ms - gen) // MINUTE_MS), f"{self.cfg.unseen_day_tokens:,}")
 
     # -- the thread ---------------------------------------------------------------------------
     def tick(self) -> list[SyncOutcome]:
@@ -356,7 +335,7 @@ class SyncService:
                 for spec in specs:
                     self.checkpoint(spec.pool)
                 outcomes.append(self.maybe_sync(account, specs))
-            except (StoreUnavailable, OSError, ConnectionError) as exc:
+            except StoreUnavailable as exc:  # every Redis failure arrives as this (gate/store.py)
                 metrics.sync_failed(account, exc)
                 log.error("❌ [Sync] %s: store unreachable (%s); will retry", account, exc)
             except Exception:  # the thread must outlive any one bad sync
@@ -385,73 +364,3 @@ class SyncService:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout)
-
-
-# -- in the proxy -------------------------------------------------------------------------------
-_proxy_service: SyncService | None = None
-_proxy_pid = 0
-_start_lock = threading.Lock()  # the hook (event loop) and a retry timer may both start it
-
-
-def _router_pools() -> list[PoolSpec]:
-    """The guarded pools of the proxy's router, read afresh each tick (config reloads, DB models)."""
-    from litellm.proxy import proxy_server  # late: the router is created after our import
-
-    router = getattr(proxy_server, "llm_router", None)
-    if router is None:
-        return []
-    usable = []
-    for deployment in router.model_list:
-        try:
-            pools_from_model_list([deployment])
-        except QuotaGuardError as exc:  # e.g. a `volcengine/*` wildcard names no pool
-            _warn_once(f"❌ [Sync] deployment skipped, its pool cannot be synced (requests to it are "
-                       f"refused): {exc}")
-            continue
-        usable.append(deployment)
-    return pools_from_model_list(usable)
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        log.error(message)
-
-
-def start_in_proxy(cfg: Settings) -> SyncService | None:
-    """Start this process's sync thread once (again in a forked child); None when disabled."""
-    metrics.serve_in_proxy(cfg)
-    if not cfg.sync_enabled:
-        return None
-    with _start_lock:
-        if _proxy_service is not None and _proxy_pid == os.getpid():
-            return _proxy_service
-        try:
-            client = connect(cfg.redis_url, cfg.redis_cluster)
-        except StoreUnavailable as exc:
-            # A cluster client needs the cluster to be built; the proxy starts anyway (the
-            # gate fails closed meanwhile) and the sync thread starts once the store answers.
-            log.error("❌ [Sync] store unreachable, sync thread not started yet (retrying): %s", exc)
-            retry = threading.Timer(max(cfg.sync_poll_seconds, 1.0), start_in_proxy, (cfg,))
-            retry.daemon = True
-            retry.start()
-            return None
-        return _start_service(cfg, Gate(client, KeySpace(cfg.key_prefix)))
-
-
-def _start_service(cfg: Settings, gate: Gate) -> SyncService:
-    global _proxy_service, _proxy_pid
-    _proxy_service = SyncService(cfg, gate, _router_pools)
-    _proxy_pid = os.getpid()
-    if cfg.consume_enabled:
-        from .consume import in_proxy  # late: the task loads the tokenizer (litellm)
-
-        _proxy_service.after_tick.append(in_proxy(cfg, gate).tick)
-    _proxy_service.start(cfg.sync_poll_seconds)
-    atexit.register(_proxy_service.stop, 2.0)
-    log.info("🔄 [Sync] thread started (pid %s, every %ss, interval %s min)", _proxy_pid,
-             cfg.sync_poll_seconds, cfg.sync_interval_minutes)
-    return _proxy_service

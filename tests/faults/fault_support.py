@@ -14,14 +14,14 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm:
 import litellm  # noqa: E402
 import redis  # noqa: E402
 
-from volc_quota_guard.billing import BillingClient  # noqa: E402
 from volc_quota_guard.clock import BEIJING, ManualClock  # noqa: E402
 from volc_quota_guard.config import Settings  # noqa: E402
 from volc_quota_guard.fake import FakeVolcengine  # noqa: E402
 from volc_quota_guard.gate import Gate  # noqa: E402
-from volc_quota_guard.keys import KeySpace  # noqa: E402
-from volc_quota_guard.packages import PoolSpec  # noqa: E402
+from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
 from volc_quota_guard.sync import SyncService  # noqa: E402
+from volc_quota_guard.volcengine.billing import BillingClient  # noqa: E402
+from volc_quota_guard.volcengine.packages import PoolSpec  # noqa: E402
 
 ACCOUNT = "acct-a"
 MODEL = "deepseek-v4-flash-ga-260731"

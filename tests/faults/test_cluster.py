@@ -27,17 +27,17 @@ from proxy_support import (
 from redis.crc import key_slot
 from redis_servers import RedisCluster, cluster_port, redis_cluster
 
-from volc_quota_guard import sync
-from volc_quota_guard.billing import BillingClient
 from volc_quota_guard.clock import ManualClock, next_beijing_midnight_ms
 from volc_quota_guard.config import load_settings
 from volc_quota_guard.errors import StoreUnavailable
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.packages import PoolSpec
-from volc_quota_guard.store import connect, connect_async, is_cluster
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect, connect_async, is_cluster
+from volc_quota_guard.proxy import runtime
 from volc_quota_guard.sync import SyncService
+from volc_quota_guard.volcengine.billing import BillingClient
+from volc_quota_guard.volcengine.packages import PoolSpec
 
 T0 = 1_786_600_000_000  # 2026-08-13 13:46 Beijing
 
@@ -183,19 +183,19 @@ def test_a_proxy_starts_with_the_cluster_down_and_syncs_once_it_is_up(
         connect(url, cluster=True)
     assert "s3cret" not in str(down.value) and "Cluster unreachable" in str(down.value)
 
-    monkeypatch.setattr(sync, "_proxy_service", None)
-    monkeypatch.setattr(sync, "_router_pools", list)  # no proxy router here: no pools
+    monkeypatch.setattr(runtime, "PROCESS", runtime.Process())
+    monkeypatch.setattr(runtime, "router_pools", list)  # no proxy router here: no pools
     cfg = load_settings(VQG_REDIS_URL=f"redis://127.0.0.1:{ports[0]}/0", redis_cluster=True,
                         sync_poll_seconds=0.05)
     with caplog.at_level(logging.ERROR, logger="volc_quota_guard.sync"):
-        assert sync.start_in_proxy(cfg) is None
+        assert runtime.start(cfg) is None
     assert "sync thread not started yet" in caplog.text
     with redis_cluster(ports):
         deadline = time.monotonic() + 15
-        while sync._proxy_service is None and time.monotonic() < deadline:
+        while runtime.PROCESS.service is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        service = sync._proxy_service
-        assert service is not None and is_cluster(service.client)
+        service = runtime.PROCESS.service
+        assert service is not None and is_cluster(service.gate.client)
         service.stop(2)
 
 

@@ -27,9 +27,10 @@ from volc_quota_guard.clock import ManualClock
 from volc_quota_guard.config import load_settings
 from volc_quota_guard.fake import FakeVolcengine, Ledger
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot
-from volc_quota_guard.hook import QuotaGuard, QuotaRefused, QuotaStoreDown
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.store import connect, connect_async
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect, connect_async
+from volc_quota_guard.proxy.hook import QuotaGuard
+from volc_quota_guard.proxy.refusals import QuotaRefused, QuotaStoreDown
 
 PROMPT, COMPLETION = 12, 150  # what the "upstream" reports for each request
 

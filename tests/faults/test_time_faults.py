@@ -25,15 +25,16 @@ from fault_support import (
 )
 
 from backend import TEST_REDIS_URL
-from volc_quota_guard import gate as gate_mod
-from volc_quota_guard import hook as hook_mod
 from volc_quota_guard.clock import ManualClock, next_beijing_midnight_ms
 from volc_quota_guard.config import load_settings
 from volc_quota_guard.fake import FakeVolcengine, Ledger
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot
-from volc_quota_guard.hook import QuotaGuard, QuotaRefused
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.store import connect_async
+from volc_quota_guard.gate import scripts as gate_mod
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect_async
+from volc_quota_guard.proxy import hook as hook_mod
+from volc_quota_guard.proxy.hook import QuotaGuard
+from volc_quota_guard.proxy.refusals import QuotaRefused
 
 
 @pytest.fixture

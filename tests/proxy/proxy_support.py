@@ -26,7 +26,7 @@ import yaml
 
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.gate import Gate, PoolState, Snapshot
-from volc_quota_guard.keys import KeySpace
+from volc_quota_guard.gate.keys import KeySpace
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_CONFIG = ROOT / "config" / "litellm.example.yaml"

@@ -9,9 +9,9 @@ import pytest
 from volc_quota_guard.cli import main
 from volc_quota_guard.clock import ManualClock
 from volc_quota_guard.gate import Gate, Snapshot
-from volc_quota_guard.keys import KeySpace
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect
 from volc_quota_guard.limit import LimitState
-from volc_quota_guard.store import connect
 
 BUSY = "acct-a/deepseek-v4-flash-ga-260731"
 EMPTY = "acct-a/doubao-seed-1-6-250615"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from volc_quota_guard.clock import ManualClock
-from volc_quota_guard.packages import PoolSpec, assign
 from volc_quota_guard.simulator import POOL, parse_scenario, simulate
 from volc_quota_guard.simulator.engine import make_ledger
 from volc_quota_guard.simulator.strategies import HistoricalStrategy, LedgerLister
+from volc_quota_guard.volcengine.packages import PoolSpec, assign
 
 BASE = """\
 version: 1

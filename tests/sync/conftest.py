@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 import pytest
 import redis
 
-from volc_quota_guard.billing import BillingClient
 from volc_quota_guard.clock import BEIJING, ManualClock
 from volc_quota_guard.config import Settings, load_settings
 from volc_quota_guard.fake import FakeVolcengine, Ledger
 from volc_quota_guard.gate import Gate
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.packages import PoolSpec
+from volc_quota_guard.gate.keys import KeySpace
 from volc_quota_guard.sync import SyncService
+from volc_quota_guard.volcengine.billing import BillingClient
+from volc_quota_guard.volcengine.packages import PoolSpec
 
 ACCOUNT = "acct-a"
 POOL = f"{ACCOUNT}/deepseek-v4-flash-ga-260731"

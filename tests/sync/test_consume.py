@@ -10,9 +10,9 @@ from datetime import date, timedelta
 import pytest
 
 from sync.conftest import ACCOUNT, POOL, World, beijing_ms
-from volc_quota_guard.ark import targets_from_model_list
 from volc_quota_guard.consume import ConsumeTask
 from volc_quota_guard.gate import Gate
+from volc_quota_guard.proxy.deployments import targets_from_model_list
 
 HOUR = 3_600_000
 DAY = 24 * HOUR
@@ -191,15 +191,15 @@ def test_the_task_waits_for_its_hour_and_a_fresh_snapshot(make_world):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_proxy_sync_thread_schedules_the_task_only_when_enabled(enabled, monkeypatch):
-    """`start_in_proxy` adds the consume tick to the sync thread when VQG_CONSUME_ENABLED=true."""
-    from volc_quota_guard import sync
+    """The proxy's runtime adds the consume tick to the sync thread when VQG_CONSUME_ENABLED=true."""
     from volc_quota_guard.config import load_settings
+    from volc_quota_guard.proxy import runtime
 
     started = []
-    monkeypatch.setattr(sync.SyncService, "start", lambda self, poll: started.append(self))
-    monkeypatch.setattr(sync, "_proxy_service", None)
-    monkeypatch.setattr(sync.atexit, "register", lambda *a: None)
-    svc = sync.start_in_proxy(load_settings(consume_enabled=enabled))
+    monkeypatch.setattr(runtime.SyncService, "start", lambda self, poll: started.append(self))
+    monkeypatch.setattr(runtime, "PROCESS", runtime.Process())
+    monkeypatch.setattr(runtime.atexit, "register", lambda *a: None)
+    svc = runtime.start(load_settings(consume_enabled=enabled))
     assert svc is not None and started == [svc]
     assert len(svc.after_tick) == (1 if enabled else 0)
 
@@ -208,7 +208,7 @@ def test_calls_that_may_have_run_count_their_whole_budget(make_world):
     """Ark answers 500 (it may have run): each call's reservation is kept as consumed, 3 stop it."""
     import httpx
 
-    from volc_quota_guard.ark import ArkChat
+    from volc_quota_guard.volcengine.ark import ArkChat
 
     seen: list[dict] = []
 

@@ -14,8 +14,8 @@ from volc_quota_guard.cli import main
 from volc_quota_guard.clock import ManualClock, beijing_day
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.gate import Gate, Snapshot
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.store import connect
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect
 
 POOL = "default/deepseek-v4-flash-ga-260731"
 MIN = 60_000

@@ -10,8 +10,6 @@ import pytest
 from vc_support import ACCOUNTS, POOL_A, client_for, creds
 from volcenginesdkcore.rest import ApiException
 
-from volc_quota_guard.accounts import env_names, load_credentials
-from volc_quota_guard.billing import BillingClient, classify_error, parse_amount
 from volc_quota_guard.errors import (
     BillingAuthError,
     BillingError,
@@ -21,6 +19,8 @@ from volc_quota_guard.errors import (
     ConfigError,
 )
 from volc_quota_guard.fake import FakeVolcengine
+from volc_quota_guard.volcengine.accounts import env_names, load_credentials
+from volc_quota_guard.volcengine.billing import BillingClient, classify_error, parse_amount
 
 
 def test_pagination_reads_all_45_packages_in_three_calls(quiet_fake: FakeVolcengine) -> None:
@@ -115,7 +115,7 @@ def test_an_unknown_access_key_is_an_auth_error(fake: FakeVolcengine) -> None:
     """An AK the service does not know is a BillingAuthError (InvalidAccessKey)."""
     from pydantic import SecretStr
 
-    from volc_quota_guard.accounts import Credentials
+    from volc_quota_guard.volcengine.accounts import Credentials
 
     client = BillingClient(Credentials("ghost", "AKLTghost00000000000", SecretStr("x")),
                            endpoint=fake.url)

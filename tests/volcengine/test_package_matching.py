@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from volc_quota_guard.billing import ResourcePackage
 from volc_quota_guard.errors import ConfigError
 from volc_quota_guard.fake import configuration_code_for
-from volc_quota_guard.packages import (
+from volc_quota_guard.proxy.deployments import pools_from_model_list
+from volc_quota_guard.volcengine.billing import ResourcePackage
+from volc_quota_guard.volcengine.packages import (
     PackageRule,
     PoolSpec,
     assign,
     model_key,
     package_keys,
-    pools_from_model_list,
 )
 
 

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from volc_quota_guard.accounts import Credentials
-from volc_quota_guard.billing import BillingClient
 from volc_quota_guard.clock import BEIJING
 from volc_quota_guard.fake import FakeVolcengine
+from volc_quota_guard.volcengine.accounts import Credentials
+from volc_quota_guard.volcengine.billing import BillingClient
 
 T0 = int(datetime(2026, 8, 13, 8, 0, tzinfo=BEIJING).timestamp() * 1000)
 ACCOUNTS = {

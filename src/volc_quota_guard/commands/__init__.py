@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..keys import validate_pool
+from ..gate.keys import validate_pool
 
 
 def pool_arg(value: str) -> str:

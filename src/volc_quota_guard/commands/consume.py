@@ -12,15 +12,14 @@ import argparse
 import json
 from typing import Any
 
-from ..ark import ArkTarget, targets_from_model_list
 from ..clock import to_beijing
 from ..config import load_settings
 from ..consume import ConsumeOutcome, ConsumeTask, outcome_json
 from ..errors import ConfigError
-from ..gate import Gate
-from ..keys import KeySpace
-from ..packages import read_model_list
-from ..store import connect
+from ..gate import Gate, KeySpace
+from ..gate.store import connect
+from ..proxy.deployments import read_model_list, targets_from_model_list
+from ..volcengine.ark import ArkTarget
 from . import pool_arg
 
 

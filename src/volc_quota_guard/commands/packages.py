@@ -11,10 +11,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..billing import BillingClient, ResourcePackage
 from ..clock import to_beijing
 from ..errors import ConfigError
-from ..packages import Assignment, PoolSpec, assign, pools_from_litellm_config
+from ..proxy.deployments import pools_from_litellm_config
+from ..volcengine.billing import BillingClient, ResourcePackage
+from ..volcengine.packages import Assignment, PoolSpec, assign
 
 
 def register(subparsers: Any) -> None:

@@ -10,8 +10,8 @@ import argparse
 
 from ..config import settings
 from ..gate import Gate, Snapshot
-from ..keys import KeySpace
-from ..store import connect
+from ..gate.keys import KeySpace
+from ..gate.store import connect
 from . import pool_arg
 
 

@@ -23,17 +23,17 @@ from typing import Protocol
 import fakeredis
 
 from .. import admission
-from ..billing import ResourcePackage
 from ..clock import ManualClock, beijing_day
 from ..config import MIN_OUTPUT_TOKENS, Settings
 from ..errors import GateError
 from ..fake.ledger import Ledger
 from ..gate import Gate
-from ..keys import KeySpace
+from ..gate.keys import KeySpace
+from ..gate.store import connect
 from ..limit import LimitResult
-from ..packages import PoolSpec
-from ..store import connect
 from ..sync import BURST_SPACING_MS, SyncService
+from ..volcengine.billing import ResourcePackage
+from ..volcengine.packages import PoolSpec
 from .scenario import MINUTE_MS, Scenario, TrafficLine
 
 ACCOUNT = "sim"
@@ -177,9 +177,8 @@ class GuardStrategy:
         self.scenario = scenario
         # A fresh embedded store, or a Redis server (faster) under a prefix of this run's own.
         self.store_url = store_url
-        self.client = connect(store_url) if store_url else fakeredis.FakeRedis(server=fakeredis.FakeServer())
-        self.keyspace = KeySpace(f"sim-{uuid.uuid4().hex[:12]}" if store_url else "sim")
-        self.gate = Gate(self.client, self.keyspace, clock)
+        client = connect(store_url) if store_url else fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        self.gate = Gate(client, KeySpace(f"sim-{uuid.uuid4().hex[:12]}" if store_url else "sim"), clock)
         self.lister = LedgerLister(ledger, ACCOUNT, clock)
         self.sync = SyncService(cfg, self.gate, pools=lambda: [PoolSpec(POOL)],
                                 lister_for=lambda account: self.lister)
@@ -198,8 +197,7 @@ class GuardStrategy:
 
     def close(self) -> None:
         if self.store_url:
-            for key in self.client.scan_iter(f"{self.keyspace.prefix}:*", count=1000):
-                self.client.delete(key)
+            self.gate.records.clear()
 
     # -- the sync thread --------------------------------------------------------------------
     def _poll_at(self, ms: int) -> int:
@@ -225,11 +223,7 @@ class GuardStrategy:
 
     def wipe(self, now: int) -> None:
         """Every key of the run goes, as in a `FLUSHALL`; the sync thread polls on as before."""
-        if self.store_url:
-            for key in self.client.scan_iter(f"{self.keyspace.prefix}:*", count=1000):
-                self.client.delete(key)
-        else:
-            self.client.flushall()
+        self.gate.records.clear()
         self._usage_at_sync = self._last_at = 0
         self._schedule(now)
 
@@ -241,10 +235,10 @@ class GuardStrategy:
         if self._errors.records:
             record = self._errors.records[0]
             raise SimulationError(f"the sync failed at {now}: {record.getMessage()}")
-        meta = self.client.hgetall(self.keyspace.sync_meta(ACCOUNT))
-        self._usage_at_sync = int(meta.get(b"usage_total", 0))
-        self._last_at = int(meta.get(b"last_at", 0))
-        self._schedule(max(now + 1, int(meta.get(b"next_at", now + 1))))
+        meta = self.gate.records.sync_meta(ACCOUNT)
+        self._usage_at_sync = int(meta.get("usage_total", 0))
+        self._last_at = int(meta.get("last_at", 0))
+        self._schedule(max(now + 1, int(meta.get("next_at", now + 1))))
 
     def _burst_pending(self, usage: int, now: int) -> None:
         """Poll when the sync's burst rule could fire (`SyncService.due` decides)."""
@@ -267,13 +261,11 @@ class GuardStrategy:
 
     def admit(self, req: SimRequest, now: int) -> Admission:
         need = self._need(req)  # the hook's rule (admission.sizing), on the line's numbers
-        d = self.gate.reserve(POOL, req.rid, need.input_tokens + need.output,
-                              need.input_tokens + need.least_output,
+        d = self.gate.reserve(POOL, req.rid, need.wanted, need.least,
                               ttl_ms=self.cfg.reservation_ttl_seconds * 1000, input_tokens=req.estimate)
         if not d.admitted:
             return Admission(False, reason=d.reason)
-        # The hook pins the per-choice cap = (grant − the input as reserved, k applied) / n.
-        out = need.per_choice_for(d.amount - d.input_reserved)
+        out = need.granted_per_choice(d)  # the per-choice cap the hook pins
         return Admission(True, output_cap=out, caps_total=True, clamped=out < need.per_choice,
                          reason=d.reason)
 

@@ -26,16 +26,16 @@ import volcenginesdkbilling
 import volcenginesdkcore
 from volcenginesdkcore.rest import ApiException
 
-from .accounts import Credentials, load_credentials, mask
-from .clock import BEIJING
-from .config import Settings, settings
-from .errors import (
+from ..clock import BEIJING
+from ..config import Settings, settings
+from ..errors import (
     BillingAuthError,
     BillingError,
     BillingMalformed,
     BillingThrottled,
     BillingTransient,
 )
+from .accounts import Credentials, load_credentials, mask
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .clock import beijing_day
-from .errors import GateError
-from .gate import PPM, Decision, Snapshot
+from ..clock import beijing_day
+from ..errors import GateError
+from .values import MAX_AMOUNT, MAX_REQUEST, MAX_TIME, PPM, Decision, Snapshot
 
-MAX_REQUEST = 100_000_000
-MAX_AMOUNT = 10**15
-MAX_TIME = 4_102_444_800_000
 RESOLVED_MS = 21_600_000  # resolved ids: 6 h
 TIMELINE_MS = 172_800_000  # timeline minutes: 48 h
 SWEEP_LIMIT = 1000

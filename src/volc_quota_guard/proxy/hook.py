@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
-import sys
 import time
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
@@ -45,7 +43,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 import litellm  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 
-from . import admission, estimate, loglines, metrics, sync  # noqa: E402
+from .. import admission, estimate, metrics  # noqa: E402
+from ..config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
+from ..errors import GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
+from ..gate import AsyncGate, Decision, KeySpace  # noqa: E402
+from ..gate.store import connect_async  # noqa: E402
+from ..outcome import failure_action, read_usage  # noqa: E402
+from . import loglines, refusals  # noqa: E402
 from .calls import (  # noqa: E402
     STASH_KEY,
     RequestState,
@@ -62,21 +66,11 @@ from .calls import (  # noqa: E402
     upstream_response_id,
     upstream_sent_usage,
 )
-from .config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
-from .deployments import GuardConfigError, GuardedDeployment, guard_for, guard_for_deployment  # noqa: E402
-from .errors import GateError, StoreUnavailable  # noqa: E402
-from .estimate import InvalidRequest  # noqa: E402
-from .gate import AsyncGate, Decision  # noqa: E402
-from .keys import KeySpace  # noqa: E402
-from .outcome import failure_action, read_usage  # noqa: E402
-from .store import connect_async  # noqa: E402
+from .deployments import GuardedDeployment, guard_for, guard_for_deployment  # noqa: E402
+from .refusals import QuotaRefused, QuotaStoreDown, store_failure  # noqa: E402
 
 log = logging.getLogger("volc_quota_guard")
 
-MAX_REQUEST_TOKENS = 100_000_000  # the gate's per-request ceiling
-STORE_RETRY_AFTER_S = 5
-REFUSED_RETRY_AFTER_S = 60  # not evicted, just too big now: in-flight requests settle soon
-FAR_FUTURE_MS = 2 * 86_400_000  # farther than this = "until the next snapshot"
 REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's deadline 4x
 CLAMP_HEADER = "x-vqg-clamped-max-tokens"
 ROUTING_READ_KEY = "vqg_routing_read"  # metadata: token of the pre-call hook's eviction read
@@ -84,55 +78,21 @@ ROUTING_READ_S = 2.0  # the filter reuses that read if it is younger than this
 RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
 
 
-def _ensure_log_handler() -> None:
-    # The proxy does not route library loggers to its output by default: give ours a handler.
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(
-            "%(asctime)s %(levelname)s volc_quota_guard[%(process)d]: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-
-
-class QuotaRefused(litellm.CallerCredentialRateLimitError):
-    """429 for one request. The router tries another deployment or a fallback.
-
-    A subclass of LiteLLM's caller-scoped 429 because a refusal concerns this request only:
-    the router must not cool the deployment down for everyone (eviction is ours to decide).
-    """
-
-
-class QuotaStoreDown(litellm.ServiceUnavailableError):
-    """503: the quota store is unreachable, so the guard cannot admit (fail-closed)."""
-
-
-def retry_after_s(evicted_until_ms: int, now_ms: int, until_sync_s: int) -> int:
-    """Seconds a client should wait before the pool can take traffic again."""
-    if evicted_until_ms - now_ms > FAR_FUTURE_MS:
-        return until_sync_s  # balance wall: lifts at a sync that finds new packages
-    if evicted_until_ms > now_ms:
-        return max(1, math.ceil((evicted_until_ms - now_ms) / 1000))
-    return REFUSED_RETRY_AFTER_S
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _message(model: str, pools: Iterable[str], why: str, wait_s: int) -> str:
-    return (f"Volcengine free token quota exhausted for model '{model}' "
-            f"(pool {', '.join(sorted(set(pools)))}: {why}); the guard refuses rather than "
-            f"bill past the free quota. Retry after {wait_s}s.")
 
 
 class QuotaGuard(CustomLogger):
     """Reserve, clamp, route around exhausted pools, and settle real usage."""
 
-    def __init__(self, config: Settings | None = None, gate: AsyncGate | None = None) -> None:
+    def __init__(self, config: Settings | None = None, gate: AsyncGate | None = None,
+                 on_new_loop: Callable[[Settings], object] | None = None) -> None:
+        """`on_new_loop` runs before a gate is built for a new event loop: the proxy's runtime
+        starts this process's background work there (a forked worker inherits no thread)."""
         super().__init__()
         self._config = config
         self._fixed_gate = gate
+        self._on_new_loop = on_new_loop
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGate] = (
             weakref.WeakKeyDictionary())
         self._reservations: dict[str, Reservation] = {}  # rid -> live reservation (this process)
@@ -154,7 +114,8 @@ class QuotaGuard(CustomLogger):
         loop = asyncio.get_running_loop()
         found = self._gates.get(loop)
         if found is None:
-            _start_sync(self.config)  # again here: a forked worker does not inherit the thread
+            if self._on_new_loop is not None:
+                self._on_new_loop(self.config)
             client = connect_async(self.config.redis_url, self.config.redis_cluster)
             found = AsyncGate(client, KeySpace(self.config.key_prefix))
             self._gates[loop] = found
@@ -206,16 +167,10 @@ class QuotaGuard(CustomLogger):
 
             raise HTTPException(status_code=400, detail={"error": str(exc)}) from None
         except StoreUnavailable as exc:
-            if self.fail_open:
-                log.error("⚠️ [FAIL-OPEN] quota store unreachable, request passes unguarded: %s", exc)
-                return None
-            from fastapi import HTTPException
-
-            log.error("⛔ [STORE-DOWN] quota store unreachable, request refused: %s", exc)
-            raise HTTPException(status_code=503, detail={"error": (
-                f"quota store unreachable: the Volcengine quota guard cannot verify free quota "
-                f"for model '{data.get('model')}' ({exc})")},
-                headers={"retry-after": str(STORE_RETRY_AFTER_S)}) from None
+            store_failure(self.fail_open, "quota store unreachable, request passes unguarded",
+                          "⛔ [STORE-DOWN] quota store unreachable, request refused",
+                          refusals.store_down_http(data.get("model"), exc), exc)
+            return None
         except litellm.RateLimitError:
             raise
         except Exception:  # noqa: BLE001  never a 500 from the guard; the deployment hook still guards
@@ -258,7 +213,7 @@ class QuotaGuard(CustomLogger):
                             route: admission.Route) -> None:
         from litellm.proxy.common_utils.proxy_rate_limit_error import ProxyRateLimitError
 
-        wait = min(retry_after_s(u, _now_ms(), self._until_sync_s()) for u in evicted.values())
+        wait = min(refusals.retry_after_s(u, _now_ms(), self._until_sync_s()) for u in evicted.values())
         reserve = await self._least_for_log(data, route, guarded[0])
         metrics.blocked(g.pool for g in guarded)
         for g in guarded:
@@ -267,7 +222,7 @@ class QuotaGuard(CustomLogger):
                                            pool=g.pool, group=model,
                                            call=data.get("litellm_call_id")))
         raise ProxyRateLimitError(
-            detail={"error": _message(model, [g.pool for g in guarded], "evicted", wait)},
+            detail={"error": refusals.message(model, [g.pool for g in guarded], "evicted", wait)},
             headers={"retry-after": str(wait)}, model=model, llm_provider="volcengine")
 
     async def _least_for_log(self, data: Mapping[str, Any], route: admission.Route,
@@ -319,14 +274,13 @@ class QuotaGuard(CustomLogger):
         try:
             evicted = await self._evicted(sorted({g.pool for g in guards.values()}), request_kwargs)
         except StoreUnavailable as exc:
-            if self.fail_open:
-                log.error("⚠️ [FAIL-OPEN] quota store unreachable, routing unguarded: %s", exc)
-                return healthy
-            kept = [d for i, d in enumerate(healthy) if i not in guards]
-            if not kept:
-                log.error("⛔ [STORE-DOWN] quota store unreachable, model %s refused: %s", model, exc)
-                raise self._store_down(model, exc) from None
-            return kept
+            unguarded = [d for i, d in enumerate(healthy) if i not in guards]
+            if unguarded and not self.fail_open:
+                return unguarded  # fail-closed: the guarded ones are out, the rest can serve
+            store_failure(self.fail_open, "quota store unreachable, routing unguarded",
+                          f"⛔ [STORE-DOWN] quota store unreachable, model {model} refused",
+                          refusals.store_down(model, exc), exc)
+            return healthy
         now = _now_ms()
         kept = [d for i, d in enumerate(healthy)
                 if i not in guards or (evicted[guards[i].pool] <= now
@@ -334,7 +288,7 @@ class QuotaGuard(CustomLogger):
         if kept or not healthy:
             return kept
         gone = list(guards.values())
-        wait = min(retry_after_s(evicted[g.pool], now, self._until_sync_s()) for g in gone)
+        wait = min(refusals.retry_after_s(evicted[g.pool], now, self._until_sync_s()) for g in gone)
         why = "evicted" if any(evicted[g.pool] > now for g in gone) else "request does not fit"
         metrics.blocked(g.pool for g in gone if g.model_id not in state.refused)
         for g in gone:
@@ -343,9 +297,7 @@ class QuotaGuard(CustomLogger):
                 log.warning(loglines.pre_block(g.upstream_model, d, 0, reason="evicted",
                                                pool=g.pool, group=model,
                                                call=request_kwargs.get("litellm_call_id")))
-        raise QuotaRefused(message=_message(model, [g.pool for g in gone], why, wait),
-                           llm_provider="volcengine", model=model,
-                           headers={"retry-after": str(wait)}, num_retries=0)
+        raise refusals.refused(model, [g.pool for g in gone], why, wait)
 
     async def _evicted(self, pools: list[str], request: Mapping[str, Any] | None = None
                        ) -> dict[str, int]:
@@ -373,14 +325,6 @@ class QuotaGuard(CustomLogger):
             data[key] = md
         md[ROUTING_READ_KEY] = token
 
-    def _store_down(self, model: str, exc: Exception) -> QuotaStoreDown:
-        err = QuotaStoreDown(
-            message=(f"quota store unreachable: the Volcengine quota guard cannot verify free "
-                     f"quota for model '{model}' ({exc})"),
-            llm_provider="volcengine", model=model, num_retries=0)
-        err.headers = {"retry-after": str(STORE_RETRY_AFTER_S)}  # type: ignore[attr-defined]  # read by the proxy
-        return err
-
     # ---- the gate --------------------------------------------------------------------------
 
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any],
@@ -391,20 +335,16 @@ class QuotaGuard(CustomLogger):
         except (QuotaRefused, QuotaStoreDown, litellm.BadRequestError):
             raise
         except Exception as exc:  # noqa: BLE001  an unguarded pass needs fail-open
-            model = model_group_of(kwargs)
-            if self.fail_open:
-                log.exception("⚠️ [FAIL-OPEN] guard error, request passes unguarded")
-                return None
-            log.exception("⛔ guard error, request refused (fail-closed)")
-            raise self._store_down(model, exc) from None
+            store_failure(self.fail_open, "guard error, request passes unguarded",
+                          "⛔ guard error, request refused (fail-closed)",
+                          refusals.store_down(model_group_of(kwargs), exc), exc, traceback=True)
+            return None
 
     async def _reserve(self, kwargs: dict[str, Any], call_type: str) -> dict | None:
         try:
             guard = guard_of_call(kwargs)
         except GuardConfigError as exc:
-            raise litellm.MalformedRequestFieldError(
-                message=f"quota guard misconfigured: {exc}", model=kwargs.get("model"),
-                llm_provider="volcengine") from None
+            raise refusals.bad_request(f"quota guard misconfigured: {exc}", kwargs.get("model")) from None
         if guard is None:
             return None
         state = request_state(kwargs)
@@ -420,42 +360,31 @@ class QuotaGuard(CustomLogger):
                 return self._admit(kwargs, route, live)
             chain = await self._known_chain(guard, kwargs, route)
             sizing = await self._size(kwargs, route, self._limits(guard), chain)
+            sizing.check_fits()
         except InvalidRequest as exc:
-            raise litellm.MalformedRequestFieldError(
-                message=str(exc), model=group, llm_provider="volcengine",
-                body={"type": "invalid_request_error", "param": exc.param}) from None
+            raise refusals.bad_request(str(exc), group, exc.param) from None
         except StoreUnavailable:
             raise
         except Exception as exc:  # noqa: BLE001  a request the guard cannot size never passes
             log.exception("⛔ request could not be sized, refused")
-            raise litellm.MalformedRequestFieldError(
-                message=f"the quota guard cannot size this request ({type(exc).__name__})",
-                model=group, llm_provider="volcengine",
-                body={"type": "invalid_request_error", "param": "body"}) from None
-        inp, out = sizing.input_tokens, sizing.output
-        if inp + sizing.least_output > MAX_REQUEST_TOKENS:
-            raise litellm.MalformedRequestFieldError(
-                message=f"request too large: about {inp:,} input tokens", model=group,
-                llm_provider="volcengine", body={"type": "invalid_request_error", "param": "messages"})
-        wanted = min(inp + out, MAX_REQUEST_TOKENS)
+            raise refusals.bad_request(f"the quota guard cannot size this request ({type(exc).__name__})",
+                                       group, "body") from None
+        inp = sizing.input_tokens
         rid = uuid.uuid4().hex  # never the client-settable call id: see docs/operating.md
         call_id = str(kwargs.get("litellm_call_id") or "")
         try:
-            d = await self.gate().reserve(guard.pool, rid, wanted, inp + sizing.least_output,
+            d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least,
                                           self.config.reservation_ttl_seconds * 1000, input_tokens=inp)
         except (StoreUnavailable, GateError) as exc:
-            if self.fail_open:
-                log.error("⚠️ [FAIL-OPEN] quota store unreachable, %s passes unguarded: %s",
-                          guard.pool, exc)
-                return None
-            log.error("⛔ [STORE-DOWN] quota store unreachable, %s refused: %s", guard.pool, exc)
-            raise self._store_down(group, exc) from None
-        metrics.reserved(guard.pool, d, out)
+            store_failure(self.fail_open, f"quota store unreachable, {guard.pool} passes unguarded",
+                          f"⛔ [STORE-DOWN] quota store unreachable, {guard.pool} refused",
+                          refusals.store_down(group, exc), exc)
+            return None
+        metrics.reserved(guard.pool, d, sizing.output)
         if not d.admitted:  # what it needed: the prompt as the gate holds it (k applied) + least output
             self._refuse(kwargs, guard, group, state, d,
                          max(d.input_reserved, inp) + sizing.least_output, call_id)
-        granted_out = max(d.amount - d.input_reserved, 0)  # the input is held times the pool's k
-        per_choice = sizing.per_choice_for(granted_out)
+        per_choice = sizing.granted_per_choice(d)
         res = Reservation(rid, guard.pool, guard.model_id, guard.upstream_model, group, call_id,
                           inp, sizing.per_choice, d.amount,
                           per_choice if per_choice < sizing.per_choice else None,
@@ -487,17 +416,11 @@ class QuotaGuard(CustomLogger):
         state.refused.add(guard.model_id)
         log.warning(loglines.pre_block(guard.upstream_model, d, least, pool=guard.pool,
                                        group=group, call=call_id))
-        wait = retry_after_s(d.evicted_until, _now_ms(), self._until_sync_s())
-        if d.reason in ("no_snapshot", "stale_snapshot"):
-            wait = self._until_sync_s()
-        why = {"no_snapshot": "no quota snapshot yet", "stale_snapshot": "quota snapshot too old",
-               }.get(d.reason, f"{d.reason}, needs {least:,} tokens, {max(d.headroom, 0):,} left")
+        why, wait = refusals.gate_refusal(d, least, _now_ms(), self._until_sync_s())
         size = group_size(kwargs)
         tried_all = size is not None and len(state.refused) >= size
-        raise QuotaRefused(message=_message(group, [guard.pool], why, wait),
-                           llm_provider="volcengine", model=group,
-                           headers={"retry-after": str(wait)},
-                           num_retries=0 if (size is None or size <= 1 or tried_all) else None)
+        raise refusals.refused(group, [guard.pool], why, wait,
+                               num_retries=0 if (size is None or size <= 1 or tried_all) else None)
 
     def _admit(self, kwargs: dict[str, Any], route: admission.Route, res: Reservation) -> dict[str, Any]:
         admission.pin_output(kwargs, route, res.output_cap if res.clamped_to is None else res.clamped_to)
@@ -710,21 +633,3 @@ def _guards_of_group(router: Any, model: str, data: Mapping[str, Any]
             guards.append(None)  # refused at the deployment gate with a clear message
     guarded = [g for g in guards if g is not None]
     return guarded, len(guarded) == len(deployments)
-
-
-def _start_sync(config: Settings) -> None:
-    # Only inside a LiteLLM proxy process: importing the hook elsewhere (tests, tools) starts nothing.
-    if "litellm.proxy.proxy_server" in sys.modules:
-        sync.start_in_proxy(config)
-
-
-def build() -> QuotaGuard:
-    """The instance the proxy loads: settings are validated now (a bad env var stops startup)."""
-    _ensure_log_handler()
-    estimate.warm_up()
-    config = settings()
-    _start_sync(config)
-    return QuotaGuard(config)
-
-
-proxy_handler_instance = build()

@@ -10,100 +10,29 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import MovedError, RedisClusterException
 
-from .clock import Clock, ServerClock
-from .errors import GateError, StoreUnavailable
+from ..clock import MINUTE_MS, Clock, ServerClock
+from ..errors import GateError
 from .keys import KeySpace, PoolKeys
+from .records import Records
+from .store import amapped as _acall
 from .store import is_cluster
+from .store import mapped as _call
+from .values import Decision, PoolState, Snapshot
 
 VERBS = ("reserve", "settle", "release", "snapshot", "status", "recover")
-PPM = 1_000_000  # the estimate correction is carried in parts per million
-T = TypeVar("T")
 
 
 @cache
 def script_source(verb: str) -> str:
     lua = resources.files("volc_quota_guard.resources.lua")
     return lua.joinpath("_common.lua").read_text() + "\n" + lua.joinpath(f"{verb}.lua").read_text()
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The gate's answer. `amount` is what was granted, counted or released."""
-
-    status: str  # "ok" | "refused"
-    reason: str
-    amount: int
-    headroom: int
-    used_balance: int  # lifetime usage + in-flight
-    balance_wall: int
-    used_today: int  # today's usage + in-flight
-    daily_cap: int
-    inflight: int
-    evicted_until: int
-    overrun: bool
-    balance_at_sync: int = 0  # for log lines: saves a read of the pool state
-    input_reserved: int = 0  # reserve: the estimated input with the correction applied
-    correction_ppm: int = PPM  # the pool's estimate correction k now, parts per million
-
-    @property
-    def admitted(self) -> bool:
-        return self.status == "ok" and self.reason in ("admitted", "duplicate")
-
-    @property
-    def binding_wall(self) -> str:
-        """The wall closer to being hit: 'balance' or 'collection'."""
-        b = self.balance_wall - self.used_balance
-        c = self.daily_cap - self.used_today
-        return "balance" if b <= c else "collection"
-
-    def usage_and_limit(self) -> tuple[int, int]:
-        """(usage incl. in-flight, limit) of the binding wall, for log lines."""
-        if self.binding_wall == "balance":
-            return self.used_balance, self.balance_wall
-        return self.used_today, self.daily_cap
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a billing sync learned about one pool, in lifetime-cumulative coordinates."""
-
-    balance: int  # balance_at_sync: free tokens the API reported
-    settled_usage: int  # usage_at_sync: our lifetime usage the API had most likely settled
-    expiring: int  # free tokens that expire before `valid_until_ms`
-    small_buffer: int
-    daily_cap: int
-    valid_until_ms: int
-    evict_below: int = 1_000
-    packages: list[dict[str, Any]] = field(default_factory=list)  # for status, not for the walls
-    correction_min_ppm: int = 17 * PPM // 10  # k's floor, and k before any measured settle
-    correction_max_ppm: int = 3 * PPM  # k never goes above this
-    hold_until_ms: int = 0  # > 0: the pool's history is too short to trust the balance (limit.py)
-    hold_cap: int = 0  # ... and lifetime usage may not pass this until a snapshot without a hold
-    unseen_day_tokens: int = 0  # when this snapshot creates the state: today's usage not seen
-
-
-@dataclass(frozen=True)
-class PoolState:
-    """Everything `status` shows about one pool."""
-
-    pool: str
-    decision: Decision
-    now_ms: int
-    fields: dict[str, int]
-    packages: list[dict[str, Any]]
-
-    def get(self, name: str) -> int:
-        return self.fields.get(name, 0)
 
 
 def _parse(raw: list[Any]) -> Decision:
@@ -174,37 +103,9 @@ class _Args:
         return [_now_arg(self.clock)]
 
 
-_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException)
-
-
-def _store_error(exc: redis.ResponseError) -> StoreUnavailable:
-    if isinstance(exc, MovedError):  # a plain client on a cluster node: say what to set
-        return StoreUnavailable(f"store error: MOVED {exc} (the store is a Redis Cluster: "
-                                "set VQG_REDIS_CLUSTER=true)")
-    return StoreUnavailable(f"store error: {exc}")
-
-
-def _store_call(fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except _UNREACHABLE as exc:
-        raise StoreUnavailable(f"store unreachable: {exc}") from exc
-    except redis.ResponseError as exc:
-        raise _store_error(exc) from exc
-
-
-async def _astore_call(fn: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await fn()
-    except _UNREACHABLE as exc:
-        raise StoreUnavailable(f"store unreachable: {exc}") from exc
-    except redis.ResponseError as exc:
-        raise _store_error(exc) from exc
-
-
 def _minute_before(ms: int) -> int:
     # The last *complete* minute before `ms`: its recorded usage is <= the usage at `ms`.
-    return ms // 60_000 - 1
+    return ms // MINUTE_MS - 1
 
 
 class Gate:
@@ -214,11 +115,12 @@ class Gate:
                  clock: Clock | None = None) -> None:
         self.client = client
         self.args = _Args(keyspace or KeySpace(), clock or ServerClock())
+        self.records = Records(client, self.args.keyspace)  # the side records, same store
         self._scripts = {v: client.register_script(script_source(v)) for v in VERBS}
 
     def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
         keys = self.args.keys(pool).gate_keys(verb)
-        return _parse(_store_call(lambda: self._scripts[verb](keys=keys, args=args)))
+        return _parse(_call(lambda: self._scripts[verb](keys=keys, args=args)))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
                 ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
@@ -246,7 +148,7 @@ class Gate:
     def install_snapshot(self, pool: str, snapshot: Snapshot) -> Decision:
         decision = self._run("snapshot", pool, self.args.snapshot(snapshot))
         # The index lives outside the pool's slot, so it cannot join the atomic call.
-        _store_call(lambda: self.client.sadd(self.args.keyspace.pools_index(), pool))
+        _call(lambda: self.client.sadd(self.args.keyspace.pools_index(), pool))
         return decision
 
     def recover(self, pool: str, generation: int, day: int, seen_today: int) -> Decision:
@@ -259,7 +161,7 @@ class Gate:
         """The pool's generation and today's count, one read: None when the pool has no state."""
         names = ("hist_at", "hist_lost", "day", "day_usage", "inflight", "ucum", "snap_at")
         keys = self.args.keys(pool)
-        vals = _store_call(lambda: self.client.hmget(keys.state, names))
+        vals = _call(lambda: self.client.hmget(keys.state, names))
         if vals[-1] is None:
             return None
         return {n: int(v or 0) for n, v in zip(names, vals, strict=True)}
@@ -267,48 +169,48 @@ class Gate:
     def status(self, pool: str) -> PoolState:
         decision = self._run("status", pool, self.args.status())
         keys = self.args.keys(pool)
-        raw = _store_call(lambda: self.client.hgetall(keys.state))
-        pk = _store_call(lambda: self.client.get(keys.packages))
+        raw = _call(lambda: self.client.hgetall(keys.state))
+        pk = _call(lambda: self.client.get(keys.packages))
         return PoolState(pool, decision, decision.amount, _decode_fields(raw),
                          json.loads(pk) if pk else [])
 
     def usage_at(self, pool: str, ms: int) -> int:
         """Lifetime usage recorded up to the last complete minute before `ms`."""
         keys = self.args.keys(pool)
-        found = _store_call(lambda: self.client.zrevrangebyscore(
+        found = _call(lambda: self.client.zrevrangebyscore(
             keys.timeline_index, _minute_before(ms), "-inf", start=0, num=1))
         if found:
             minute: str = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
-            return int(_store_call(lambda: self.client.hget(keys.timeline, minute)) or 0)
-        return int(_store_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
+            return int(_call(lambda: self.client.hget(keys.timeline, minute)) or 0)
+        return int(_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
 
     def now_ms(self) -> int:
         """The gate's time: the injected clock, else the Redis server's (what the scripts use)."""
         pinned = self.args.clock.now_ms()
         if pinned is not None:
             return pinned
-        sec, usec = _store_call(self.client.time)
+        sec, usec = _call(self.client.time)
         return int(sec) * 1000 + int(usec) // 1000
 
     def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:
         """The pool's (minute, lifetime usage) entries from `since_ms` on, ascending, and the
         usage recorded before them (the floor)."""
         keys = self.args.keys(pool)
-        since = since_ms // 60_000
-        found: list[Any] = _store_call(lambda: self.client.zrangebyscore(keys.timeline_index, since, "+inf"))
+        since = since_ms // MINUTE_MS
+        found: list[Any] = _call(lambda: self.client.zrangebyscore(keys.timeline_index, since, "+inf"))
         minutes = [int(m) for m in found]
-        values = _store_call(lambda: self.client.hmget(keys.timeline, minutes)) if minutes else []
-        before = _store_call(lambda: self.client.zrevrangebyscore(
+        values = _call(lambda: self.client.hmget(keys.timeline, minutes)) if minutes else []
+        before = _call(lambda: self.client.zrevrangebyscore(
             keys.timeline_index, since - 1, "-inf", start=0, num=1))
         if before:
             minute = before[0].decode() if isinstance(before[0], bytes) else str(before[0])
-            floor = _store_call(lambda: self.client.hget(keys.timeline, minute))
+            floor = _call(lambda: self.client.hget(keys.timeline, minute))
         else:
-            floor = _store_call(lambda: self.client.hget(keys.state, "tl_floor"))
+            floor = _call(lambda: self.client.hget(keys.state, "tl_floor"))
         return [(m, int(v or 0)) for m, v in zip(minutes, values, strict=True)], int(floor or 0)
 
     def pools(self) -> list[str]:
-        members = _store_call(lambda: self.client.smembers(self.args.keyspace.pools_index()))
+        members = _call(lambda: self.client.smembers(self.args.keyspace.pools_index()))
         return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
 
 
@@ -324,7 +226,7 @@ class AsyncGate:
 
     async def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
         keys = self.args.keys(pool).gate_keys(verb)
-        return _parse(await _astore_call(lambda: self._scripts[verb](keys=keys, args=args)))
+        return _parse(await _acall(lambda: self._scripts[verb](keys=keys, args=args)))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
                       ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
@@ -344,7 +246,7 @@ class AsyncGate:
     async def response_chain(self, pool: str, response_id: str) -> int | None:
         """Tokens of the stored conversation ending at `response_id`, if the guard settled it."""
         key = self.args.keyspace.response_chain(pool, response_id)
-        raw = await _astore_call(lambda: self.client.get(key))
+        raw = await _acall(lambda: self.client.get(key))
         try:
             return int(raw) if raw is not None else None
         except ValueError:
@@ -353,7 +255,7 @@ class AsyncGate:
     async def remember_response(self, pool: str, response_id: str, tokens: int, ttl_s: int) -> None:
         """Record what a stored response's conversation holds (its input + output), for follow-ups."""
         key = self.args.keyspace.response_chain(pool, response_id)
-        await _astore_call(lambda: self.client.set(key, str(max(tokens, 0)), ex=ttl_s))
+        await _acall(lambda: self.client.set(key, str(max(tokens, 0)), ex=ttl_s))
 
     async def evicted_until(self, pools: list[str]) -> dict[str, int]:
         """Each pool's eviction deadline (0 = routable), one pipelined round trip.
@@ -375,7 +277,7 @@ class AsyncGate:
             values = await pipe.execute()
             return [now, *values] if self._cluster else values
 
-        (sec, usec), *values = await _astore_call(fetch)
+        (sec, usec), *values = await _acall(fetch)
         pinned = self.args.clock.now_ms()
         server_now = pinned if pinned is not None else int(sec) * 1000 + int(usec) // 1000
         skew = int(time.time() * 1000) - server_now

@@ -1,5 +1,9 @@
-"""Connections to the shared store: a Redis URL, a Redis Cluster, or the embedded store
-(fakeredis with Lua).
+"""Connections to the shared store (a Redis URL, a Redis Cluster, or the embedded store:
+fakeredis with Lua), and the one place a Redis error becomes the guard's `StoreUnavailable`.
+
+Every command the guard sends runs under `store_errors()` (the gate's verbs in scripts.py and
+the side records in records.py alike), so no caller ever sees a redis-py exception: redis-py's
+`ConnectionError` is not Python's, and code above the gate must not have to know that.
 
 With `cluster=True` (``VQG_REDIS_CLUSTER=true``) the URL names any one node of a Redis Cluster
 and the client finds the others; every key of a pool shares one hash tag (keys.py), so each
@@ -11,18 +15,59 @@ it with the parent.
 from __future__ import annotations
 
 import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import fakeredis
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.exceptions import MovedError, RedisClusterException
 from redis.retry import Retry
 
-from .errors import StoreUnavailable
+from ..errors import StoreUnavailable
 
 _EMBEDDED = fakeredis.FakeServer()
+T = TypeVar("T")
+
+# Backend errors that mean "the store cannot be reached" (a cluster that lost its slot map too).
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException)
+
+
+def _answered(exc: redis.RedisError) -> StoreUnavailable:
+    if isinstance(exc, MovedError):  # a plain client on a cluster node: say what to set
+        return StoreUnavailable(f"store error: MOVED {exc} (the store is a Redis Cluster: "
+                                "set VQG_REDIS_CLUSTER=true)")
+    return StoreUnavailable(f"store error: {exc}")
+
+
+@contextmanager
+def store_errors() -> Iterator[None]:
+    """Translate any Redis failure inside the block into `StoreUnavailable` (`raise … from exc`).
+
+    One context manager for the sync and the asyncio clients (an `await` inside works alike).
+    """
+    try:
+        yield
+    except _UNREACHABLE as exc:
+        raise StoreUnavailable(f"store unreachable: {exc}") from exc
+    except redis.RedisError as exc:  # a server error (ResponseError, MOVED, OOM, READONLY …)
+        raise _answered(exc) from exc
+
+
+def mapped(fn: Callable[[], T]) -> T:
+    """`fn()` under `store_errors()`."""
+    with store_errors():
+        return fn()
+
+
+async def amapped(fn: Callable[[], Awaitable[T]]) -> T:
+    """`await fn()` under `store_errors()`."""
+    with store_errors():
+        return await fn()
 
 
 _TIMEOUT_S = 5

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DEFAULT_ACCOUNT = "default"
 _ACCOUNT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .gate import Decision
+from ..gate.values import Decision
 
 
 def short_hash(text: str) -> str:

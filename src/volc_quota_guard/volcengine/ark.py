@@ -6,8 +6,7 @@ making); `consume.py` reserves and settles each call in the gate itself.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -15,13 +14,10 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from .deployments import guarded_deployments
-from .errors import ArkCallError
-from .estimate import count_chat
-from .outcome import UsageReading, read_usage
+from ..errors import ArkCallError
+from ..estimate import count_chat
+from ..outcome import UsageReading, read_usage
 
-DEFAULT_API_BASE = "https://ark.cn-beijing.volces.com/api/v3"  # LiteLLM's volcengine default
-_ENV_PREFIX = "os.environ/"
 _FILLER = ("The river carried autumn leaves past the old mill while farmers counted their grain "
            "and children traced maps of distant mountains in the dust. ")
 SYSTEM = "You write long, plain prose. Keep writing until you run out of room."
@@ -42,36 +38,9 @@ class ArkTarget:
         return f"ArkTarget(pool={self.pool!r}, api_base={self.api_base!r})"
 
 
-def _resolve(value: object, env: Mapping[str, str]) -> str:
-    text = str(value or "").strip()
-    if text.startswith(_ENV_PREFIX):
-        return env.get(text[len(_ENV_PREFIX):], "").strip()
-    return text
-
-
-def targets_from_model_list(model_list: Iterable[Mapping[str, Any]],
-                            env: Mapping[str, str] | None = None) -> dict[str, ArkTarget]:
-    """The first deployment with an API key of each guarded pool (`os.environ/NAME` resolved,
-    else `VOLCENGINE_API_KEY` as LiteLLM's chat reads it)."""
-    env = os.environ if env is None else env
-    found: dict[str, ArkTarget] = {}
-    for deployment, guard in guarded_deployments(model_list):
-        if guard.pool in found:
-            continue
-        params = deployment.get("litellm_params") or {}
-        key = _resolve(params.get("api_key"), env) or env.get("VOLCENGINE_API_KEY", "").strip()
-        if not key:
-            continue
-        base = (_resolve(params.get("api_base"), env) or env.get("VOLCENGINE_API_BASE", "").strip()
-                or DEFAULT_API_BASE)
-        found[guard.pool] = ArkTarget(guard.pool, guard.upstream_model, base.rstrip("/"),
-                                      SecretStr(key))
-    return found
-
-
 def _count(method: str, messages: list[dict[str, str]]) -> int:
     if method == "deepseek":
-        from . import counting
+        from .. import counting
 
         return counting.count_chat("deepseek", list[Mapping[str, Any]](messages), None)
     return count_chat(list[dict[str, Any]](messages), None)

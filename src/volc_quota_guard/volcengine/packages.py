@@ -19,15 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..errors import ConfigError
+from ..gate.keys import validate_pool
 from .billing import ResourcePackage
-from .deployments import guarded_deployments
-from .errors import ConfigError
-from .keys import validate_pool
 
 IGNORED_TAGS = frozenset({"ga", "preview", "latest", "beta"})
 SUFFIX_WORDS = frozenset({"data", "collaboration", "resource", "pack", "package", "free",
@@ -250,41 +246,3 @@ def assign(packages: Iterable[ResourcePackage],
         },
         unmatched=tuple(unmatched),
     )
-
-
-# ---------------------------------------------------------------------- pools from config
-
-
-def pools_from_model_list(model_list: Iterable[Mapping[str, Any]]) -> list[PoolSpec]:
-    """Pools of a LiteLLM ``model_list``: every deployment the guard guards (see
-    ``deployments.guard_for_deployment``), with ``model_info.vqg_packages`` as its rule."""
-    from .counting import method_for  # imports litellm: only where a model list is read
-
-    found: dict[str, PoolSpec] = {}
-    for _, guard in guarded_deployments(model_list):
-        pool, info = guard.pool, guard.model_info
-        rule = PackageRule.parse(info["vqg_packages"]) if info.get("vqg_packages") else None
-        method = method_for(guard.upstream_model, info)  # a bad vqg_tokenizer: ConfigError
-        old = found.get(pool)
-        if old is not None and old.rule is not None and rule is not None and old.rule != rule:
-            raise ConfigError(f"deployments of pool {pool} disagree on vqg_packages")
-        if old is not None and old.method != method:
-            method = "cl100k"  # counted two ways: the floor that covers the cheaper count
-        found[pool] = PoolSpec(pool, rule or (old.rule if old else None), method)
-    return [found[p] for p in sorted(found)]
-
-
-def read_model_list(path: str | Path) -> list[Any]:
-    """The ``model_list`` of a LiteLLM proxy config file; a clear error when it is unreadable."""
-    try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read LiteLLM config {path}: {exc}") from None
-    if not isinstance(config, Mapping):
-        raise ConfigError(f"LiteLLM config {path} is not a mapping")
-    return list(config.get("model_list") or [])
-
-
-def pools_from_litellm_config(path: str | Path) -> list[PoolSpec]:
-    """Pools of a LiteLLM proxy config file (see ``pools_from_model_list``)."""
-    return pools_from_model_list(read_model_list(path))

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from . import counting
+from .. import counting
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,86 @@
+"""What the gate answers and takes: plain values, no Redis (the pure modules build on them).
+
+`Decision` is every verb's answer, `Snapshot` what a billing sync installs, `PoolState` what
+`status` reads. The bounds are the ones the Lua checks its arguments against
+(`resources/lua/_common.lua`); the reference model (`model.py`) and the hook use these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PPM = 1_000_000  # the estimate correction is carried in parts per million
+MAX_REQUEST = 100_000_000  # the gate's per-request ceiling (tokens)
+MAX_AMOUNT = 10**15  # any snapshot amount
+MAX_TIME = 4_102_444_800_000  # 2100-01-01: "until the next snapshot" (evicted at the balance wall)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's answer. `amount` is what was granted, counted or released."""
+
+    status: str  # "ok" | "refused"
+    reason: str
+    amount: int
+    headroom: int
+    used_balance: int  # lifetime usage + in-flight
+    balance_wall: int
+    used_today: int  # today's usage + in-flight
+    daily_cap: int
+    inflight: int
+    evicted_until: int
+    overrun: bool
+    balance_at_sync: int = 0  # for log lines: saves a read of the pool state
+    input_reserved: int = 0  # reserve: the estimated input with the correction applied
+    correction_ppm: int = PPM  # the pool's estimate correction k now, parts per million
+
+    @property
+    def admitted(self) -> bool:
+        return self.status == "ok" and self.reason in ("admitted", "duplicate")
+
+    @property
+    def binding_wall(self) -> str:
+        """The wall closer to being hit: 'balance' or 'collection'."""
+        b = self.balance_wall - self.used_balance
+        c = self.daily_cap - self.used_today
+        return "balance" if b <= c else "collection"
+
+    def usage_and_limit(self) -> tuple[int, int]:
+        """(usage incl. in-flight, limit) of the binding wall, for log lines."""
+        if self.binding_wall == "balance":
+            return self.used_balance, self.balance_wall
+        return self.used_today, self.daily_cap
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a billing sync learned about one pool, in lifetime-cumulative coordinates."""
+
+    balance: int  # balance_at_sync: free tokens the API reported
+    settled_usage: int  # usage_at_sync: our lifetime usage the API had most likely settled
+    expiring: int  # free tokens that expire before `valid_until_ms`
+    small_buffer: int
+    daily_cap: int
+    valid_until_ms: int
+    evict_below: int = 1_000
+    packages: list[dict[str, Any]] = field(default_factory=list)  # for status, not for the walls
+    correction_min_ppm: int = 17 * PPM // 10  # k's floor, and k before any measured settle
+    correction_max_ppm: int = 3 * PPM  # k never goes above this
+    hold_until_ms: int = 0  # > 0: the pool's history is too short to trust the balance (limit.py)
+    hold_cap: int = 0  # ... and lifetime usage may not pass this until a snapshot without a hold
+    unseen_day_tokens: int = 0  # when this snapshot creates the state: today's usage not seen
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """Everything `status` shows about one pool."""
+
+    pool: str
+    decision: Decision
+    now_ms: int
+    fields: dict[str, int]
+    packages: list[dict[str, Any]]
+
+    def get(self, name: str) -> int:
+        return self.fields.get(name, 0)

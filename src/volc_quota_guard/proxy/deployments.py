@@ -1,0 +1,167 @@
+"""Which LiteLLM deployments are guarded, and which pool each one draws from.
+
+A pool is (Volcengine account, upstream Ark model), read only from the operator's deployment
+config: `litellm_params.model` and `model_info.vqg_account`. Nothing the client sends (alias,
+metadata, headers) takes part, so no client can move a request to another pool or out of the
+guard. Every `volcengine` deployment is guarded unless the operator sets `vqg_guard: false`;
+`vqg_guard: true` opts in a deployment of another provider that points at Ark.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import SecretStr
+
+from ..errors import ConfigError, GuardConfigError
+from ..gate.keys import pool_id
+from ..volcengine.accounts import DEFAULT_ACCOUNT
+from ..volcengine.ark import ArkTarget
+from ..volcengine.packages import PackageRule, PoolSpec
+
+PROVIDER = "volcengine"
+DEFAULT_API_BASE = "https://ark.cn-beijing.volces.com/api/v3"  # LiteLLM's volcengine default
+_ENV_PREFIX = "os.environ/"
+
+
+@dataclass(frozen=True)
+class GuardedDeployment:
+    """A deployment the guard reserves for, with the pool it draws from."""
+
+    model_id: str
+    account: str
+    upstream_model: str
+    pool: str
+    model_info: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _flag(value: object) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
+
+
+def split_provider(model: str, provider: str | None) -> tuple[str, str | None]:
+    """(upstream model, provider) from `litellm_params.model` and `custom_llm_provider`."""
+    if provider:
+        prefix = f"{provider}/"
+        return (model[len(prefix):] if model.startswith(prefix) else model), provider
+    head, sep, rest = model.partition("/")
+    if sep and rest:
+        return rest, head
+    return model, None
+
+
+def guard_for(model: object, provider: object,
+              model_info: Mapping[str, Any] | None) -> GuardedDeployment | None:
+    """The guard of one deployment, or None when it is not guarded.
+
+    Raises GuardConfigError when the deployment is guarded but names no valid pool.
+    """
+    info = model_info or {}
+    if not isinstance(model, str) or not model:
+        return None
+    upstream, prov = split_provider(model, provider if isinstance(provider, str) else None)
+    opted = _flag(info.get("vqg_guard"))
+    if opted is False or (opted is None and prov != PROVIDER):
+        return None
+    account = info.get("vqg_account") or DEFAULT_ACCOUNT
+    model_id = str(info.get("id") or "")
+    try:
+        pool = pool_id(str(account), upstream)
+    except ValueError as exc:
+        raise GuardConfigError(f"deployment {model_id or model!r}: {exc}") from None
+    return GuardedDeployment(model_id, str(account), upstream, pool, info)
+
+
+def guard_for_deployment(deployment: Mapping[str, Any]) -> GuardedDeployment | None:
+    """`guard_for` on a router deployment dict (`litellm_params` + `model_info`)."""
+    params = deployment.get("litellm_params") or {}
+    return guard_for(params.get("model"), params.get("custom_llm_provider"),
+                     deployment.get("model_info") or {})
+
+
+def guarded_deployments(model_list: Iterable[Mapping[str, Any]]
+                        ) -> Iterator[tuple[Mapping[str, Any], GuardedDeployment]]:
+    """Each deployment of a LiteLLM ``model_list`` the guard guards, with its guard; a
+    misconfigured one stops the caller with a ``ConfigError`` naming it (an operator's command
+    must not silently skip a pool)."""
+    for deployment in model_list:
+        try:
+            guard = guard_for_deployment(deployment)
+        except GuardConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if guard is not None:
+            yield deployment, guard
+
+
+# -- what the model list holds: pools to sync, deployments to call ----------------------------
+
+
+def pools_from_model_list(model_list: Iterable[Mapping[str, Any]]) -> list[PoolSpec]:
+    """Pools of a LiteLLM ``model_list``: every deployment the guard guards (see
+    ``guard_for_deployment``), with ``model_info.vqg_packages`` as its rule."""
+    from ..counting import method_for  # imports litellm: only where a model list is read
+
+    found: dict[str, PoolSpec] = {}
+    for _, guard in guarded_deployments(model_list):
+        pool, info = guard.pool, guard.model_info
+        rule = PackageRule.parse(info["vqg_packages"]) if info.get("vqg_packages") else None
+        method = method_for(guard.upstream_model, info)  # a bad vqg_tokenizer: ConfigError
+        old = found.get(pool)
+        if old is not None and old.rule is not None and rule is not None and old.rule != rule:
+            raise ConfigError(f"deployments of pool {pool} disagree on vqg_packages")
+        if old is not None and old.method != method:
+            method = "cl100k"  # counted two ways: the floor that covers the cheaper count
+        found[pool] = PoolSpec(pool, rule or (old.rule if old else None), method)
+    return [found[p] for p in sorted(found)]
+
+
+def read_model_list(path: str | Path) -> list[Any]:
+    """The ``model_list`` of a LiteLLM proxy config file; a clear error when it is unreadable."""
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read LiteLLM config {path}: {exc}") from None
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"LiteLLM config {path} is not a mapping")
+    return list(config.get("model_list") or [])
+
+
+def pools_from_litellm_config(path: str | Path) -> list[PoolSpec]:
+    """Pools of a LiteLLM proxy config file (see ``pools_from_model_list``)."""
+    return pools_from_model_list(read_model_list(path))
+
+
+def _resolve(value: object, env: Mapping[str, str]) -> str:
+    text = str(value or "").strip()
+    if text.startswith(_ENV_PREFIX):
+        return env.get(text[len(_ENV_PREFIX):], "").strip()
+    return text
+
+
+def targets_from_model_list(model_list: Iterable[Mapping[str, Any]],
+                            env: Mapping[str, str] | None = None) -> dict[str, ArkTarget]:
+    """The first deployment with an API key of each guarded pool (`os.environ/NAME` resolved,
+    else `VOLCENGINE_API_KEY` as LiteLLM's chat reads it)."""
+    env = os.environ if env is None else env
+    found: dict[str, ArkTarget] = {}
+    for deployment, guard in guarded_deployments(model_list):
+        if guard.pool in found:
+            continue
+        params = deployment.get("litellm_params") or {}
+        key = _resolve(params.get("api_key"), env) or env.get("VOLCENGINE_API_KEY", "").strip()
+        if not key:
+            continue
+        base = (_resolve(params.get("api_base"), env) or env.get("VOLCENGINE_API_BASE", "").strip()
+                or DEFAULT_API_BASE)
+        found[guard.pool] = ArkTarget(guard.pool, guard.upstream_model, base.rstrip("/"),
+                                      SecretStr(key))
+    return found
