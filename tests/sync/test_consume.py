@@ -234,3 +234,22 @@ def test_calls_that_may_have_run_count_their_whole_budget(make_world):
     assert all(s["model"] == MODEL for s in seen)
     state = w.gate.status(POOL)
     assert (state.get("day_usage"), state.get("inflight")) == (outcome.consumed, 0)
+
+
+def test_a_failing_history_write_still_finishes_the_days_claim(make_world, caplog):
+    """Redis failing on the history counter (`hincrby`) mid-run stops the run as failed and marks
+    the day's claim done: it is never left "running"."""
+    from sync.failing_store import FailingCommands
+
+    w = live_world(make_world, "2026-08-30 22:00")
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-01 09:00"))
+    w.service().tick()
+    w.clock.set(beijing_ms("2026-08-30 23:00"))
+    targets = targets_from_model_list(model_list(w), env=ARK_ENV)
+    gate = Gate(FailingCommands(w.client, "hincrby"), w.keyspace, w.clock)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="volc_quota_guard.consume"):
+        (outcome,) = ConsumeTask(w.cfg, gate, lambda: targets).tick()
+    assert outcome.status == "done" and outcome.calls == 1 and outcome.stop.startswith("failed")
+    assert "failed unexpectedly" not in caplog.text
+    claim = json.loads(w.client.get(w.keyspace.consume_done(POOL, outcome.day)))
+    assert claim["status"] == "done" and claim["stop"] == outcome.stop

@@ -212,3 +212,25 @@ def test_a_balance_run_dry_is_reported_as_billing_and_closes_the_pool(make_world
     assert row["billing_since_ms"] == state.billing_since_ms
     assert main(["status"]) == 0
     assert "BILLING" in capsys.readouterr().out
+
+
+def test_a_store_outage_while_deciding_is_a_counted_sync_error(make_world, caplog):
+    """Redis failing inside `due()` (reading the sync record) is logged as "store unreachable" and
+    counted in vqg_sync_errors, not reported as an unexpected error with a traceback."""
+    from sync.failing_store import FailingCommands
+
+    from volc_quota_guard import metrics
+    from volc_quota_guard.gate import Gate
+    from volc_quota_guard.sync import SyncService
+    from volc_quota_guard.volcengine.packages import PoolSpec
+
+    w = make_world("2026-08-14 09:00")
+    client = FailingCommands(w.client, "hgetall")  # the sync record's read
+    svc = SyncService(w.cfg, Gate(client, w.keyspace, w.clock), lambda: [PoolSpec(POOL)])  # type: ignore[arg-type]
+    errors = metrics.SYNC_ERRORS.labels(ACCOUNT, "StoreUnavailable")
+    before = errors._value.get()
+    with caplog.at_level(logging.ERROR, logger="volc_quota_guard.sync"):
+        assert svc.tick() == []
+    assert "store unreachable" in caplog.text and "unexpected error" not in caplog.text
+    assert not any(r.exc_info for r in caplog.records)
+    assert errors._value.get() == before + 1
