@@ -34,8 +34,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _guard_logs_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Importing the hook gives our logger its own handler and stops propagation (the proxy's
-    root logger would print every line twice); tests read lines through caplog, on the root."""
+    """Building the callback (proxy/runtime.py) gives our logger its own handler and stops
+    propagation (the proxy's root logger would print every line twice); tests read lines
+    through caplog, on the root."""
     import logging
 
     monkeypatch.setattr(logging.getLogger("volc_quota_guard"), "propagate", True)

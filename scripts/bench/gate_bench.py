@@ -18,8 +18,8 @@ import time
 import uuid
 
 from volc_quota_guard.gate import Gate, Snapshot
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.store import connect
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect
 
 
 def bench_gate(url: str, pairs: int, threads: int) -> dict[str, float]:

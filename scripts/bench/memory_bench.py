@@ -18,8 +18,8 @@ import redis
 
 from volc_quota_guard.clock import ManualClock
 from volc_quota_guard.gate import Gate, Snapshot
-from volc_quota_guard.keys import KeySpace
-from volc_quota_guard.store import connect
+from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.store import connect
 
 POOL = "bench/deepseek-v4-flash-ga-260731"
 DAY_MS = 86_400_000

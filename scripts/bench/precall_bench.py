@@ -33,9 +33,9 @@ import tiktoken  # noqa: E402
 from volc_quota_guard import estimate  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot  # noqa: E402
-from volc_quota_guard.hook import QuotaGuard  # noqa: E402
-from volc_quota_guard.keys import KeySpace  # noqa: E402
-from volc_quota_guard.store import connect, connect_async  # noqa: E402
+from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
+from volc_quota_guard.gate.store import connect, connect_async  # noqa: E402
+from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 
 POOL = "bench/m-1"
 SIZES = (1_000, 32_000, 200_000)
@@ -74,7 +74,7 @@ class Ticker:
 
 
 def deployment_call(text: str) -> dict[str, Any]:
-    """Deployment-hook kwargs as LiteLLM's router builds them (tests/test_hook.py's shape)."""
+    """Deployment-hook kwargs as LiteLLM's router builds them (tests/proxy/test_hook.py's shape)."""
     return {"model": "volcengine/m-1", "messages": [{"role": "user", "content": text}],
             "max_tokens": 1_000, "litellm_call_id": uuid.uuid4().hex,
             "litellm_logging_obj": types.SimpleNamespace(),

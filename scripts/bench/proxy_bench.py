@@ -37,7 +37,7 @@ from rich.console import Console
 
 from volc_quota_guard import demo
 from volc_quota_guard.fake import FakeVolcengine
-from volc_quota_guard.store import serve_embedded
+from volc_quota_guard.gate.store import serve_embedded
 
 BIG = 10**12
 MODES = ("bare", "no-op", "guarded", "ubr-v2")

@@ -2,7 +2,7 @@
 
 LiteLLM sends Ark the client's fields with ``extra_body`` merged over them last (and moves
 fields it does not know into ``extra_body``), so the sizing reads that merged *upstream view*,
-never the client's top-level fields alone. What Ark bills (shared/ref/ARK.md, docs/gate.md):
+never the client's top-level fields alone. What Ark bills (docs/gate.md):
 
 - input: messages, tools, input items, instructions, prompt, system — tokenized; media at
   Ark's image formula (`media.py`); a stored conversation re-read through

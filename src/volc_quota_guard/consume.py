@@ -1,4 +1,4 @@
-"""The nightly consume task (DESIGN §5): use free tokens that would otherwise expire.
+"""The nightly consume task (docs/consume.md): use free tokens that would otherwise expire.
 
 From `VQG_CONSUME_AT` (Beijing time) each pool is handled once per Beijing day: a Redis key set
 with NX claims the day, so however many proxy instances run the task, one of them consumes.

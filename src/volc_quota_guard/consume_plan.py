@@ -1,4 +1,4 @@
-"""The consume task's plan for one pool (DESIGN §5): which free tokens would expire unused, and
+"""The consume task's plan for one pool (docs/consume.md): which free tokens would expire unused, and
 how many to use tonight so they don't. Pure: no I/O, no clock.
 
 - Packages are drawn FIFO, oldest first. Every package lives the same 30 days, so expiry order

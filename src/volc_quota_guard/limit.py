@@ -1,4 +1,4 @@
-"""The balance-wall limit of one pool, computed at each billing sync (DESIGN §2).
+"""The balance-wall limit of one pool, computed at each billing sync (docs/limit.md).
 
 Pure: no I/O. The sync feeds it the API's view of the pool's packages, our usage timeline and
 the estimator state kept from earlier syncs; it returns the snapshot to install and the new state.
@@ -40,9 +40,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .clock import MINUTE_MS
 from .gate.values import Snapshot
 
-MINUTE_MS = 60_000
 QUIET_MS = 120 * MINUTE_MS  # no usage for this long: every plausible lag has settled
 LAG_MEMORY_MS = 7 * 86_400_000  # observed lags are remembered a week
 LAG_MARGIN = 1.25  # Δ_assumed = worst observed × margin + 2 min

@@ -1,6 +1,6 @@
 """What a finished or failed upstream call consumed, as far as we can know.
 
-Two jobs kept apart (seed 004's lesson): the *guard* needs a number to settle, and keeps the
+Two jobs kept apart: the *guard* needs a number to settle, and keeps the
 reservation when it has none; *telemetry* records where the number came from and never
 invents one. `0/0` usage on a stream means the usage frame was missing, not a free call.
 """

@@ -1,4 +1,4 @@
-"""The billing sync: list packages, compute each pool's limit, install the snapshot (DESIGN §4).
+"""The billing sync: list packages, compute each pool's limit, install the snapshot (docs/limit.md).
 
 One `SyncService` per proxy process runs a daemon thread. A Redis lock per account elects one
 process to call the billing API when a sync is due; every process reads the shared snapshot.

@@ -218,7 +218,6 @@ def test_a_store_outage_while_deciding_is_a_counted_sync_error(make_world, caplo
     """Redis failing inside `due()` (reading the sync record) is logged as "store unreachable" and
     counted in vqg_sync_errors, not reported as an unexpected error with a traceback."""
     from sync.failing_store import FailingCommands
-
     from volc_quota_guard import metrics
     from volc_quota_guard.gate import Gate
     from volc_quota_guard.sync import SyncService

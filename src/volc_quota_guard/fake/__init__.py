@@ -4,13 +4,13 @@
   settlement lag, billing), pure and deterministic — the simulator uses it directly.
 - ``server.FakeVolcengine``: a local HTTP server around a ledger that answers the billing
   OpenAPI (``ListResourcePackages``, SDK-signed), the Ark data plane (chat completions,
-  Responses, embeddings; billed as ref/ARK.md, see ``ark_api``) and ``/_fake/`` admin.
+  Responses, embeddings; billed as docs/gate.md says, see ``ark_api``) and ``/_fake/`` admin.
 """
 
 from __future__ import annotations
 
 from .clock import ScaledClock
-from .ledger import Consumption, Ledger, PackageView, PoolTotals, configuration_code_for
+from .ledger import Consumption, Ledger, LedgerPackage, PoolTotals, configuration_code_for
 from .server import FakeVolcengine
 from .state import BILLING_FAULTS, ChatDefaults, ChatRecord, FakeAccount, StoredResponse, UpstreamRequest
 
@@ -22,7 +22,7 @@ __all__ = [
     "FakeAccount",
     "FakeVolcengine",
     "Ledger",
-    "PackageView",
+    "LedgerPackage",
     "PoolTotals",
     "ScaledClock",
     "StoredResponse",

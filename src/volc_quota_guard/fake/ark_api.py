@@ -2,8 +2,8 @@
 
 ``POST /api/v3/chat/completions`` and ``POST /api/v3/embeddings``, OpenAI-compatible. The
 Bearer key picks the account, the body's ``model`` the pool (``account/model``). The fake is
-the guard's test oracle, so it bills at least what Ark would (ref/ARK.md), taking the more
-expensive reading wherever Ark's behaviour is uncertain.
+the guard's test oracle, so it bills at least what Ark would (docs/gate.md, "What a request
+may bill"), taking the more expensive reading wherever Ark's behaviour is uncertain.
 
 Usage comes from the server defaults (``ChatDefaults``), overridden per request by a
 directive in the last user message (chat), the input text (Responses) or any input string

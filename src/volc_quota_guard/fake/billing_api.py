@@ -1,6 +1,6 @@
 """The fake billing OpenAPI: ``POST /?Action=ListResourcePackages&Version=2022-01-01``.
 
-Wire format, signing and error envelopes follow shared/ref/VOLCENGINE.md §2 and §6, so the
+Wire format, signing and error envelopes follow the billing API as docs/volcengine.md §1 describes it, so the
 real SDK talks to it unchanged. The account is the AK in the ``Authorization`` header and
 the signature is checked with that account's SK over the headers the client says it signed.
 """
@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
-from .ledger import PackageView
+from .ledger import LedgerPackage
 from .state import ANONYMOUS, UNKNOWN, FakeState
 
 ACTION = "ListResourcePackages"
@@ -147,7 +147,7 @@ def iso_utc(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def render(view: PackageView, account: str) -> dict[str, Any]:
+def render(view: LedgerPackage, account: str) -> dict[str, Any]:
     """A ledger package in the API's shape: every amount a string."""
     return {
         "OwnerID": "2100000001",

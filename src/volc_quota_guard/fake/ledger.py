@@ -1,4 +1,4 @@
-"""The Volcengine free-quota rules (DESIGN.md §1) as a pure, deterministic ledger.
+"""The Volcengine free-quota rules (docs/volcengine.md §4) as a pure, deterministic ledger.
 
 No I/O and no clock: every call takes ``now_ms``. Time may only move forward (a ValueError
 says who went back). The ledger advances lazily: a call first applies, in time order, the
@@ -26,9 +26,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..clock import MS_PER_DAY, beijing_day
+from ..clock import BEIJING_OFFSET_MS, MS_PER_DAY, beijing_day
 
-_BEIJING_OFFSET_MS = 8 * 3_600_000
 _DATE6_RE = re.compile(r"^\d{2}(\d{4})$")
 _IGNORED_TAGS = frozenset({"ga", "preview", "latest", "beta"})
 
@@ -37,7 +36,7 @@ ARK_PRODUCT_NAME = "火山方舟"
 
 
 @dataclass(frozen=True)
-class PackageView:
+class LedgerPackage:
     """One package as a reader sees it (true state or the lagged API view)."""
 
     pool: str
@@ -257,7 +256,7 @@ class Ledger:
         """When the collection of Beijing ``day`` arrives (None when returns are off)."""
         if self.return_offset_ms is None:
             return None
-        return (day + 1) * MS_PER_DAY - _BEIJING_OFFSET_MS + self.return_offset_ms
+        return (day + 1) * MS_PER_DAY - BEIJING_OFFSET_MS + self.return_offset_ms
 
     # ------------------------------------------------------------------ traffic
 
@@ -298,13 +297,13 @@ class Ledger:
 
     # ------------------------------------------------------------------ reading
 
-    def true_packages(self, pool: str, now_ms: int) -> list[PackageView]:
+    def true_packages(self, pool: str, now_ms: int) -> list[LedgerPackage]:
         """Every package acquired by ``now_ms`` with its true balance, FIFO order."""
         state = self._advance(pool, now_ms)
         return [self._view(state, p, p.available) for p in state.packages
                 if p.acquired_ms <= now_ms]
 
-    def api_view(self, pool: str, now_ms: int) -> list[PackageView]:
+    def api_view(self, pool: str, now_ms: int) -> list[LedgerPackage]:
         """The packages as ListResourcePackages shows them at ``now_ms`` (settlement lag)."""
         state = self._advance(pool, now_ms)
         self._settle(state, now_ms)
@@ -340,12 +339,12 @@ class Ledger:
 
     # ------------------------------------------------------------------ internals
 
-    def _view(self, state: _Pool, p: _Package, available: int) -> PackageView:
+    def _view(self, state: _Pool, p: _Package, available: int) -> LedgerPackage:
         if p.expired:
             status = "Expired"
         else:
             status = "Effective" if available > 0 else "UsedUp"
-        return PackageView(
+        return LedgerPackage(
             pool=state.name,
             instance_no=p.instance_no,
             configuration_code=p.configuration_code,

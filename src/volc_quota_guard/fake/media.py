@@ -1,4 +1,4 @@
-"""What Ark bills for media in a request (ref/ARK.md §2), taking the more expensive reading.
+"""What Ark bills for media in a request, taking the more expensive reading (docs/gate.md).
 
 - An image costs ``min(ceil(pixels / 784), cap)`` tokens, where ``pixels`` is ``width × height``
   scaled down (aspect kept) to at most 1,048,576 px for ``detail: low`` (the default) or

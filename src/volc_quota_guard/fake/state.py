@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from .ledger import Consumption, Ledger, PackageView, PoolTotals
+from .ledger import Consumption, Ledger, LedgerPackage, PoolTotals
 
 # What an injected billing fault makes the next ListResourcePackages call return.
 BILLING_FAULTS = {
@@ -220,19 +220,19 @@ class FakeState:
         with self.lock:
             return self.ledger.totals(pool, self.clock.now_ms())
 
-    def api_packages(self, pool: str) -> list[PackageView]:
+    def api_packages(self, pool: str) -> list[LedgerPackage]:
         with self.lock:
             return self.ledger.api_view(pool, self.clock.now_ms())
 
-    def true_packages(self, pool: str) -> list[PackageView]:
+    def true_packages(self, pool: str) -> list[LedgerPackage]:
         with self.lock:
             return self.ledger.true_packages(pool, self.clock.now_ms())
 
-    def account_packages(self, account: str) -> tuple[int, list[PackageView]]:
+    def account_packages(self, account: str) -> tuple[int, list[LedgerPackage]]:
         """(now, the API view of every pool of an account) at one instant."""
         with self.lock:
             now = self.clock.now_ms()
-            views: list[PackageView] = []
+            views: list[LedgerPackage] = []
             for pool in self.ledger.pools():
                 if pool.split("/", 1)[0] == account:
                     views += self.ledger.api_view(pool, now)

@@ -1,7 +1,7 @@
 """A pure-Python reference model of the gate: the specification the Lua is checked against.
 
 Same verbs, same arguments, same answers as `resources/lua/*.lua`, on plain dicts. The
-Hypothesis state machine in tests/test_gate_model.py drives both and compares every answer.
+Hypothesis state machine in tests/gate/test_gate_model.py drives both and compares every answer.
 Keep this file boring: clarity beats speed.
 """
 

@@ -1,6 +1,6 @@
 """The LiteLLM proxy callback: every Volcengine deployment reserves before it runs.
 
-Where each job happens (LiteLLM 1.108.7; see shared/ref/LITELLM.md):
+Where each job happens (LiteLLM 1.108.7; docs/operating.md, "What happens to a request"):
 
 - `async_pre_call_hook` (proxy only, before routing): validate the client's output cap and
   messages (400), and when *every* deployment of the requested group is evicted, raise

@@ -1,4 +1,4 @@
-"""The grep-able log lines (formats fixed by seed 000 §6.2; extra `key=value` fields follow).
+"""The grep-able log lines (formats in docs/operating.md, "Log lines"; extra `key=value` fields follow).
 
 Numbers are in *today* coordinates: `Limit` is what today's usage (in-flight included) may
 reach before a wall binds, i.e. `today + headroom` of the binding wall.

@@ -1,4 +1,4 @@
-"""The simulator: scenarios (shared/SCENARIOS.md) run against the guard and the seed's formulas.
+"""The simulator: scenarios (docs/simulator.md) run against the guard and the seed's formulas.
 
     scenario = load_scenario("seed-0813-lag")          # a shipped name or a YAML path
     result = simulate(scenario, "guard")               # RunResult; .as_json() is the output object

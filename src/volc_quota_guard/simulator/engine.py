@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from ..clock import ManualClock, beijing_day
+from ..clock import MINUTE_MS, ManualClock, beijing_day
 from ..config import Settings, load_settings
 from ..fake.ledger import Ledger
-from .scenario import MINUTE_MS, Scenario, arrivals
+from .scenario import Scenario, arrivals
 from .strategies import (
     POOL,
     STRATEGIES,
@@ -97,7 +97,7 @@ class RunResult:
     series: Series | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """The SCENARIOS.md output object: exactly these keys, in this order."""
+        """The output object of docs/simulator.md: exactly these keys, in this order."""
         return {k: getattr(self, k) for k in RESULT_KEYS}
 
 

@@ -1,4 +1,4 @@
-"""Random scenarios (shared/SCENARIOS.md v1) that try to make the guard bill or burn.
+"""Random scenarios (docs/simulator.md, format v1) that try to make the guard bill or burn.
 
 Each seed gives one scenario, the same on every machine: one pool, 1–2 days (a run may start late
 and cross Beijing midnight), API lag 0–45 min, 1–3 packages (some expiring during the run, some
@@ -77,7 +77,7 @@ def _traffic_line(rng: random.Random, budget: int, start_minute: int) -> tuple[d
 
 
 def scenario_dict(seed: int) -> dict[str, object]:
-    """The scenario of one seed, as the YAML mapping SCENARIOS.md describes."""
+    """The scenario of one seed, as the YAML mapping docs/simulator.md describes."""
     rng = random.Random(seed)
     day0 = datetime(2026, 8, 1, tzinfo=BEIJING) + timedelta(days=rng.randrange(0, 60))
     start = day0 + timedelta(hours=rng.choice([0, 0, 8, 18, 22]))

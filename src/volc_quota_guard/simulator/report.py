@@ -1,4 +1,4 @@
-"""Showing simulation results: JSON (SCENARIOS.md), a rich table, a Markdown table, a plot."""
+"""Showing simulation results: JSON (docs/simulator.md), a rich table, a Markdown table, a plot."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .scenario import Scenario, ScenarioError
 
 
 def to_json(results: Sequence[RunResult]) -> str:
-    """One object for one strategy, a list for several (shared/SCENARIOS.md)."""
+    """One object for one strategy, a list for several (docs/simulator.md, "Output")."""
     objs = [r.as_json() for r in results]
     return json.dumps(objs[0] if len(objs) == 1 else objs, ensure_ascii=False, indent=2)
 

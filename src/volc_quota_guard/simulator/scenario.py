@@ -1,4 +1,4 @@
-"""The scenario file (shared/SCENARIOS.md, format v1): a pydantic model and a line-aware loader.
+"""The scenario file (docs/simulator.md, format v1): a pydantic model and a line-aware loader.
 
 Unknown keys, duplicate keys and bad values are errors whose message names the file and line,
 because a typo that silently changes a scenario would silently change its verdict. The YAML is
@@ -27,11 +27,9 @@ from pydantic import (
     model_validator,
 )
 
-from ..clock import MS_PER_DAY, beijing_day
+from ..clock import BEIJING_OFFSET_MS, MS_PER_DAY, beijing_day
 from ..errors import ConfigError
 
-MINUTE_MS = 60_000
-_BEIJING_OFFSET_MS = 8 * 3_600_000
 Loc = tuple[str | int, ...]
 
 
@@ -163,7 +161,7 @@ class TrafficLine(_Strict):
 
 
 class Scenario(_Strict):
-    """One pool's Volcengine side and traffic over whole days (shared/SCENARIOS.md v1)."""
+    """One pool's Volcengine side and traffic over whole days (docs/simulator.md, format v1)."""
 
     version: Literal[1]
     name: Annotated[str, Field(min_length=1, max_length=200)]
@@ -214,7 +212,7 @@ class Scenario(_Strict):
 
     def day_start_ms(self, day: int) -> int:
         """Beijing midnight opening the 1-based scenario `day`."""
-        return (beijing_day(self.start_ms) + day - 1) * MS_PER_DAY - _BEIJING_OFFSET_MS
+        return (beijing_day(self.start_ms) + day - 1) * MS_PER_DAY - BEIJING_OFFSET_MS
 
     def request_ms(self, day: int, time_of_day_ms: int) -> int:
         return self.day_start_ms(day) + time_of_day_ms

@@ -5,7 +5,7 @@
 `ManualClock`. Nothing of the guard is re-implemented here: only the hook's arithmetic around
 the gate (what to reserve, how a grant becomes the upstream's `max_tokens`).
 
-`HistoricalStrategy` is the seed's pre-guard code (seed 000 §7), small on purpose:
+`HistoricalStrategy` is the seed's pre-guard code (docs/simulator.md, "What runs"), small on purpose:
 today's usage (Beijing day, counted when a request succeeds) against a limit recomputed at each
 sync from the API's balance, no in-flight accounting, no clamp.
 """
@@ -23,7 +23,7 @@ from typing import Protocol
 import fakeredis
 
 from .. import admission
-from ..clock import ManualClock, beijing_day
+from ..clock import MINUTE_MS, ManualClock, beijing_day
 from ..config import MIN_OUTPUT_TOKENS, Settings
 from ..errors import GateError
 from ..fake.ledger import Ledger
@@ -34,17 +34,17 @@ from ..limit import LimitResult
 from ..sync import BURST_SPACING_MS, SyncService
 from ..volcengine.billing import ResourcePackage
 from ..volcengine.packages import PoolSpec
-from .scenario import MINUTE_MS, Scenario, TrafficLine
+from .scenario import Scenario, TrafficLine
 
 ACCOUNT = "sim"
 MODEL = "deepseek-v4-flash-ga-260731"  # the seed's model; the ledger names its packages after it
 POOL = f"{ACCOUNT}/{MODEL}"
 
 # The hook's clamp: a request that does not fit is still admitted with a smaller output cap,
-# down to this many output tokens; below that it is refused (DESIGN §3). Equal to
+# down to this many output tokens; below that it is refused (docs/gate.md). Equal to
 POLL_MS = 5_000  # the sync thread polls every 5 s (SyncService.start)
 
-# The historical code's constants (seed 000 §7).
+# The historical code's constants (docs/simulator.md).
 HISTORICAL_BUFFER = 300_000  # v2 / v4 / v5 BUFFER
 PREBLOCK_RESERVE_TOKENS = 50_000  # reserve when a request has no max_tokens
 BURST_SYNC_TOKENS = 100_000  # a sync right after this much usage since the last one

@@ -1,0 +1,74 @@
+"""The one Redis error mapping: whatever redis-py raises, the gate and its side records raise
+`StoreUnavailable` (chained from the original), for the sync and the asyncio clients alike."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from importlib import resources
+
+import pytest
+import redis
+from redis.exceptions import MovedError
+
+from volc_quota_guard.errors import StoreUnavailable
+from volc_quota_guard.gate import Gate, KeySpace, values
+from volc_quota_guard.gate.store import amapped, store_errors
+
+FAILURES = [
+    redis.ConnectionError("Error 111 connecting"),
+    redis.TimeoutError("Timeout reading from socket"),
+    redis.ResponseError("OOM command not allowed"),
+    redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica."),
+    MovedError("3999 127.0.0.1:6381"),
+    OSError("network is unreachable"),
+]
+
+
+@pytest.mark.parametrize("failure", FAILURES, ids=lambda e: type(e).__name__)
+def test_every_redis_failure_becomes_store_unavailable(failure):
+    """Inside `store_errors()` each redis-py failure arrives as StoreUnavailable `from` it."""
+    with pytest.raises(StoreUnavailable) as err, store_errors():
+        raise failure
+    assert err.value.__cause__ is failure
+
+
+def test_a_moved_answer_says_to_set_the_cluster_flag():
+    """A plain client on a cluster node is told what to set."""
+    with pytest.raises(StoreUnavailable, match="VQG_REDIS_CLUSTER=true"), store_errors():
+        raise MovedError("3999 127.0.0.1:6381")
+
+
+def test_the_async_path_maps_the_same():
+    """An awaited command failing maps like a sync one."""
+    async def fail() -> None:
+        raise redis.ConnectionError("gone")
+
+    with pytest.raises(StoreUnavailable, match="store unreachable"):
+        asyncio.run(amapped(fail))
+
+
+def test_side_records_of_an_unreachable_store_raise_store_unavailable():
+    """Every side record the sync and the consume task use fails as StoreUnavailable."""
+    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens
+    records = Gate(client, KeySpace("vqgtest-down")).records
+    calls = [
+        lambda: records.sync_meta("acct"),
+        lambda: records.take_sync_lock("acct", "me", 1_000),
+        lambda: records.limit_state("acct/m"),
+        lambda: records.claim_day("acct/m", 1, {"status": "running"}, 1_000),
+        lambda: records.add_history("acct/m", "1:task", 5),
+        lambda: records.state_int("acct/m", "ucum"),
+    ]
+    for call in calls:
+        with pytest.raises(StoreUnavailable):
+            call()
+
+
+def test_the_lua_bounds_are_the_python_ones():
+    """MAX_REQUEST, MAX_AMOUNT and MAX_TIME in _common.lua equal gate/values.py's."""
+    lua = resources.files("volc_quota_guard.resources.lua").joinpath("_common.lua").read_text()
+    found = {m[1]: int(m[2]) for m in re.finditer(r"local (MAX_\w+) = (\d+)", lua)}
+    assert found["MAX_REQUEST"] == values.MAX_REQUEST
+    assert found["MAX_AMOUNT"] == values.MAX_AMOUNT
+    assert found["MAX_TIME"] == values.MAX_TIME
