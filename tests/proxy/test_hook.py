@@ -467,7 +467,7 @@ def test_prompts_are_reserved_times_the_pool_correction_which_measured_usage_rai
         text = "quota " * 600
         kw = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c1")
         await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
-        res = next(iter(w.guard._reservations.values()))
+        res = next(iter(w.guard.reservations.values()))
         counted = res.input_tokens
         assert counted > 500 and upstream_cap(kw) == 100
         assert w.state()["inflight"] == -(-counted * 17 // 10) + 100
@@ -507,7 +507,7 @@ def test_the_counting_method_comes_from_model_info_and_a_bad_one_is_a_400(
         await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
         exact = counting.count_chat("deepseek", [{"role": "user", "content": text}], None) + \
             EXACT_DRIFT_TOKENS
-        assert next(iter(w.guard._reservations.values())).input_tokens == exact
+        assert next(iter(w.guard.reservations.values())).input_tokens == exact
         assert w.state()["inflight_est"] == exact
         bad = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c2")
         bad["metadata"]["model_info"]["vqg_tokenizer"] = "gpt2"

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import admission
+from ..errors import GuardConfigError
 from .deployments import GuardedDeployment, guard_for, guard_for_deployment
 
 STASH_KEY = "vqg_reservations"  # model_id -> reservation id, in the call's metadata
+ROUTING_READ_KEY = "vqg_routing_read"  # metadata: token of the pre-call hook's eviction read
+ROUTING_READ_S = 2.0  # the filter reuses that read if it is younger than this
 
 
 @dataclass
@@ -175,3 +180,114 @@ def upstream_response_id(response_id: object) -> str | None:
         return str(found) if found else response_id
     except Exception:  # noqa: BLE001  not an encoded id
         return response_id
+
+
+def _own_metadata(kwargs: dict[str, Any]) -> dict[str, Any]:
+    key = metadata_key(kwargs)
+    md = kwargs.get(key)
+    if not isinstance(md, dict):
+        md = {}
+        kwargs[key] = md
+    return md
+
+
+class Reservations:
+    """This process's live reservations by id; a call's metadata only names one (the client
+    can write metadata, so a stash counts only when it points in here)."""
+
+    def __init__(self) -> None:
+        self._by_rid: dict[str, Reservation] = {}
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._by_rid
+
+    def values(self) -> list[Reservation]:
+        return list(self._by_rid.values())
+
+    def remember(self, res: Reservation, keep_s: float) -> None:
+        """Keep `res` for `keep_s` seconds, well past the store's deadline: a request that outlives
+        it still settles under its own id (a late settle adds only what exceeds the expired amount).
+        Entries are in creation order, so pruning stops at the first young one."""
+        cutoff = time.monotonic() - keep_s
+        while self._by_rid:
+            rid, old = next(iter(self._by_rid.items()))
+            if old.created >= cutoff:
+                break
+            del self._by_rid[rid]  # its callback was lost; the store counted it at expiry
+        self._by_rid[res.rid] = res
+
+    def stashed(self, kwargs: Mapping[str, Any], model_id: str) -> Reservation | None:
+        """Our reservation for this deployment, if the stash in the call's metadata is genuine."""
+        for md in metadatas(kwargs):
+            stash = md.get(STASH_KEY)
+            rid = stash.get(model_id) if isinstance(stash, Mapping) else None
+            res = self._by_rid.get(rid) if isinstance(rid, str) else None
+            if res is not None and res.model_id == model_id:
+                return res
+        return None
+
+    def forget(self, res: Reservation, state: RequestState | None = None) -> None:
+        self._by_rid.pop(res.rid, None)
+        if state is not None and state.live.get(res.model_id) is res:
+            del state.live[res.model_id]
+
+
+def stamp(kwargs: dict[str, Any], route: admission.Route, res: Reservation) -> dict[str, Any]:
+    """Write an admitted reservation into the call: the output cap it was sized for (or clamped
+    to), usage on a chat stream, and the reservation's id in the stash."""
+    admission.pin_output(kwargs, route, res.output_cap if res.clamped_to is None else res.clamped_to)
+    if kwargs.get("stream") is True and route.kind == "chat":
+        options = kwargs.get("stream_options")
+        options = dict(options) if isinstance(options, Mapping) else {}
+        options["include_usage"] = True  # without it a stream reports 0/0 usage
+        kwargs["stream_options"] = options
+    md = _own_metadata(kwargs)
+    stash = md.get(STASH_KEY)
+    stash = dict(stash) if isinstance(stash, Mapping) else {}
+    stash[res.model_id] = res.rid
+    md[STASH_KEY] = stash
+    return kwargs
+
+
+class RoutingReads:
+    """Eviction reads the pre-call hook made, for the routing filter of the same request to
+    reuse; the token in the request's metadata only points into this process's own table."""
+
+    def __init__(self) -> None:
+        self._reads: dict[str, tuple[dict[str, int], float]] = {}  # token -> (read, at)
+
+    def keep(self, data: dict[str, Any], read: dict[str, int]) -> None:
+        now = time.monotonic()
+        for token in [t for t, (_, at) in self._reads.items() if now - at >= ROUTING_READ_S]:
+            del self._reads[token]
+        token = uuid.uuid4().hex
+        self._reads[token] = (read, now)
+        _own_metadata(data)[ROUTING_READ_KEY] = token
+
+    def find(self, request: Mapping[str, Any], pools: list[str]) -> dict[str, int] | None:
+        """The kept read of `pools` for this request, if it is young enough."""
+        now = time.monotonic()
+        for md in metadatas(request):
+            token = md.get(ROUTING_READ_KEY)
+            found = self._reads.get(token) if isinstance(token, str) else None
+            if found is not None and now - found[1] < ROUTING_READ_S and set(pools) <= found[0].keys():
+                return {p: found[0][p] for p in pools}
+        return None
+
+
+def guards_of_group(router: Any, model: str, data: Mapping[str, Any]
+                    ) -> tuple[list[GuardedDeployment], bool]:
+    """The guarded deployments of a model group, and whether every deployment is guarded."""
+    try:
+        _, found = router._common_checks_available_deployment(model=model, request_kwargs=data)
+    except Exception:  # noqa: BLE001  unknown model: the router answers it
+        return [], False
+    deployments = [found] if isinstance(found, dict) else list(found or [])
+    guards = []
+    for dep in deployments:
+        try:
+            guards.append(guard_for_deployment(dep))
+        except GuardConfigError:
+            guards.append(None)  # refused at the deployment gate with a clear message
+    guarded = [g for g in guards if g is not None]
+    return guarded, len(guarded) == len(deployments)

@@ -51,18 +51,20 @@ from ..gate.store import connect_async  # noqa: E402
 from ..outcome import failure_action, read_usage  # noqa: E402
 from . import loglines, refusals  # noqa: E402
 from .calls import (  # noqa: E402
-    STASH_KEY,
     RequestState,
     Reservation,
+    Reservations,
+    RoutingReads,
     call_type_name,
     group_size,
     guard_of_call,
+    guards_of_group,
     llm_router,
-    metadata_key,
     metadatas,
     model_group_of,
     model_info_of,
     request_state,
+    stamp,
     upstream_response_id,
     upstream_sent_usage,
 )
@@ -73,8 +75,6 @@ log = logging.getLogger("volc_quota_guard")
 
 REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's deadline 4x
 CLAMP_HEADER = "x-vqg-clamped-max-tokens"
-ROUTING_READ_KEY = "vqg_routing_read"  # metadata: token of the pre-call hook's eviction read
-ROUTING_READ_S = 2.0  # the filter reuses that read if it is younger than this
 RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
 
 
@@ -95,9 +95,9 @@ class QuotaGuard(CustomLogger):
         self._on_new_loop = on_new_loop
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGate] = (
             weakref.WeakKeyDictionary())
-        self._reservations: dict[str, Reservation] = {}  # rid -> live reservation (this process)
+        self.reservations = Reservations()  # this process's live reservations
         self._sees_sends = False  # log_pre_api_call fires here, so "never sent" is knowable
-        self._routing_reads: dict[str, tuple[dict[str, int], float]] = {}  # token -> (read, at)
+        self._routing_reads = RoutingReads()
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -127,33 +127,6 @@ class QuotaGuard(CustomLogger):
 
     def _until_sync_s(self) -> int:
         return self.config.sync_low_interval_minutes * 60
-
-    def _remember(self, res: Reservation) -> None:
-        # Kept well past the store's deadline: a request that outlives it still settles under
-        # its own id (a late settle adds only what exceeds the expired amount). Entries are
-        # in creation order, so pruning stops at the first young one.
-        cutoff = time.monotonic() - REGISTRY_TTL_FACTOR * self.config.reservation_ttl_seconds
-        while self._reservations:
-            rid, old = next(iter(self._reservations.items()))
-            if old.created >= cutoff:
-                break
-            del self._reservations[rid]  # its callback was lost; the store counted it at expiry
-        self._reservations[res.rid] = res
-
-    def _stashed(self, kwargs: Mapping[str, Any], model_id: str) -> Reservation | None:
-        """Our reservation for this deployment, if the stash in the call's metadata is genuine."""
-        for md in metadatas(kwargs):
-            stash = md.get(STASH_KEY)
-            rid = stash.get(model_id) if isinstance(stash, Mapping) else None
-            res = self._reservations.get(rid) if isinstance(rid, str) else None
-            if res is not None and res.model_id == model_id:
-                return res
-        return None
-
-    def _forget(self, res: Reservation, state: RequestState | None = None) -> None:
-        self._reservations.pop(res.rid, None)
-        if state is not None and state.live.get(res.model_id) is res:
-            del state.live[res.model_id]
 
     # ---- pre-call (proxy) ------------------------------------------------------------------
 
@@ -185,7 +158,7 @@ class QuotaGuard(CustomLogger):
         if "," in model:  # LiteLLM's fan-out: one client request, several upstream calls
             self._refuse_fan_out(router, model, data)
             return None
-        guarded, all_guarded = _guards_of_group(router, model, data)
+        guarded, all_guarded = guards_of_group(router, model, data)
         if not guarded:
             return None
         route = admission.route_of(call_type)  # a route the guard cannot settle is a 400 here
@@ -193,7 +166,7 @@ class QuotaGuard(CustomLogger):
         if not all_guarded:
             return None  # unguarded deployments remain: the filter routes around evicted pools
         evicted = await self._evicted([g.pool for g in guarded])
-        self._keep_routing_read(data, evicted)
+        self._routing_reads.keep(data, evicted)
         now = _now_ms()
         if all(until > now for until in evicted.values()):
             await self._refuse_group(model, guarded, evicted, data, route)
@@ -202,7 +175,7 @@ class QuotaGuard(CustomLogger):
     @staticmethod
     def _refuse_fan_out(router: Any, model: str, data: Mapping[str, Any]) -> None:
         for name in (m.strip() for m in model.split(",")):
-            if name and _guards_of_group(router, name, data)[0]:
+            if name and guards_of_group(router, name, data)[0]:
                 raise InvalidRequest("model", (
                     f"model '{model}' names several models at once; '{name}' is a Volcengine model "
                     "guarded by the free-quota guard, which reserves one upstream call per request: "
@@ -301,29 +274,10 @@ class QuotaGuard(CustomLogger):
 
     async def _evicted(self, pools: list[str], request: Mapping[str, Any] | None = None
                        ) -> dict[str, int]:
-        """Each pool's eviction deadline (host clock). The routing filter reuses the read the
-        pre-call hook made for the same request moments earlier (one round trip, not two);
-        the token in the request's metadata only points into this process's own table."""
-        now = time.monotonic()
-        for md in metadatas(request or {}):
-            token = md.get(ROUTING_READ_KEY)
-            found = self._routing_reads.get(token) if isinstance(token, str) else None
-            if found is not None and now - found[1] < ROUTING_READ_S and set(pools) <= found[0].keys():
-                return {p: found[0][p] for p in pools}
-        return await self.gate().evicted_until(pools)
-
-    def _keep_routing_read(self, data: dict[str, Any], read: dict[str, int]) -> None:
-        now = time.monotonic()
-        for token in [t for t, (_, at) in self._routing_reads.items() if now - at >= ROUTING_READ_S]:
-            del self._routing_reads[token]
-        token = uuid.uuid4().hex
-        self._routing_reads[token] = (read, now)
-        key = metadata_key(data)
-        md = data.get(key)
-        if not isinstance(md, dict):
-            md = {}
-            data[key] = md
-        md[ROUTING_READ_KEY] = token
+        """Each pool's eviction deadline (host clock); the pre-call hook's read of the same
+        request moments earlier is reused (one round trip, not two)."""
+        found = self._routing_reads.find(request or {}, pools)
+        return found if found is not None else await self.gate().evicted_until(pools)
 
     # ---- the gate --------------------------------------------------------------------------
 
@@ -352,12 +306,12 @@ class QuotaGuard(CustomLogger):
         try:
             route = admission.route_of(call_type)
             live = state.live.get(guard.model_id)
-            if live is not None and live.rid in self._reservations:
+            if live is not None and live.rid in self.reservations:
                 # The hook runs twice on /v1/messages: the translated chat call rides the
                 # reservation, but never with more choices than it was sized for.
                 if admission.choices(admission.upstream_view(kwargs)) > live.choices:
                     raise InvalidRequest("n", "n changed between the two halves of one call")
-                return self._admit(kwargs, route, live)
+                return stamp(kwargs, route, live)
             chain = await self._known_chain(guard, kwargs, route)
             sizing = await self._size(kwargs, route, self._limits(guard), chain)
             sizing.check_fits()
@@ -389,14 +343,14 @@ class QuotaGuard(CustomLogger):
                           inp, sizing.per_choice, d.amount,
                           per_choice if per_choice < sizing.per_choice else None,
                           state=state, choices=sizing.choices)
-        self._remember(res)
+        self.reservations.remember(res, REGISTRY_TTL_FACTOR * self.config.reservation_ttl_seconds)
         state.live[guard.model_id] = res
         if res.clamped_to is not None:
             state.clamped_to = res.clamped_to
             log.warning("✂️ [CLAMP] %s max_tokens %d -> %d (headroom %s) pool=%s group=%s call=%s",
                         guard.upstream_model, sizing.per_choice, per_choice,
                         f"{d.headroom + d.amount:,}", guard.pool, group, call_id)
-        return self._admit(kwargs, route, res)
+        return stamp(kwargs, route, res)
 
     async def _known_chain(self, guard: GuardedDeployment, kwargs: Mapping[str, Any],
                            route: admission.Route) -> int | None:
@@ -422,28 +376,10 @@ class QuotaGuard(CustomLogger):
         raise refusals.refused(group, [guard.pool], why, wait,
                                num_retries=0 if (size is None or size <= 1 or tried_all) else None)
 
-    def _admit(self, kwargs: dict[str, Any], route: admission.Route, res: Reservation) -> dict[str, Any]:
-        admission.pin_output(kwargs, route, res.output_cap if res.clamped_to is None else res.clamped_to)
-        if kwargs.get("stream") is True and route.kind == "chat":
-            options = kwargs.get("stream_options")
-            options = dict(options) if isinstance(options, Mapping) else {}
-            options["include_usage"] = True  # without it a stream reports 0/0 usage
-            kwargs["stream_options"] = options
-        key = metadata_key(kwargs)
-        md = kwargs.get(key)
-        if not isinstance(md, dict):
-            md = {}
-            kwargs[key] = md
-        stash = md.get(STASH_KEY)
-        stash = dict(stash) if isinstance(stash, Mapping) else {}
-        stash[res.model_id] = res.rid
-        md[STASH_KEY] = stash
-        return kwargs
-
     def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
         """LiteLLM is about to send the HTTP request: from now on the upstream may consume."""
         try:
-            res = self._stashed(kwargs, str(model_info_of(kwargs).get("id") or ""))
+            res = self.reservations.stashed(kwargs, str(model_info_of(kwargs).get("id") or ""))
             if res is not None:
                 res.sent = True
                 self._sees_sends = True
@@ -493,7 +429,7 @@ class QuotaGuard(CustomLogger):
         may arrive before the success event settles)."""
         try:
             model_id = str(model_info_of(request_data).get("id") or "")
-            res = self._stashed(request_data, model_id) if model_id else None
+            res = self.reservations.stashed(request_data, model_id) if model_id else None
             if res is not None:
                 await self._record_stored(res, response)
         except Exception:  # noqa: BLE001  follow-ups are then sized as unknown: safe
@@ -516,7 +452,7 @@ class QuotaGuard(CustomLogger):
     async def _settle_success(self, kwargs: Mapping[str, Any], response_obj: Any) -> None:
         info = model_info_of(kwargs)
         model_id = str(info.get("id") or "")
-        res = self._stashed(kwargs, model_id) if model_id else None
+        res = self.reservations.stashed(kwargs, model_id) if model_id else None
         if res is None:
             try:
                 guard = guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info)
@@ -527,7 +463,7 @@ class QuotaGuard(CustomLogger):
             res = Reservation(uuid.uuid4().hex, guard.pool, guard.model_id, guard.upstream_model,
                               model_group_of(kwargs), str(kwargs.get("litellm_call_id") or ""),
                               0, 0, 0, None)  # unreserved: count what it used, nothing held
-        self._forget(res)
+        self.reservations.forget(res)
         if kwargs.get("cache_hit") is True and res.granted:
             await self._release(res, "cache hit")
             return
@@ -573,10 +509,10 @@ class QuotaGuard(CustomLogger):
 
     async def _settle_failure(self, kwargs: Mapping[str, Any], exc: BaseException) -> None:
         model_id = str(model_info_of(kwargs).get("id") or "")
-        res = self._stashed(kwargs, model_id) if model_id else None
+        res = self.reservations.stashed(kwargs, model_id) if model_id else None
         if res is None:
             return
-        self._forget(res, request_state(kwargs))
+        self.reservations.forget(res, request_state(kwargs))
         if self._sees_sends and not res.sent:
             await self._release(res, f"{type(exc).__name__} before the request was sent")
         elif failure_action(exc) == "release":
@@ -591,10 +527,10 @@ class QuotaGuard(CustomLogger):
         """A failure the per-attempt hook did not see (a stream cut mid-way): keep as consumed."""
         try:
             model_id = str(model_info_of(kwargs).get("id") or "")
-            res = self._stashed(kwargs, model_id) if model_id else None
+            res = self.reservations.stashed(kwargs, model_id) if model_id else None
             if res is None:
                 return
-            self._forget(res)
+            self.reservations.forget(res)
             d = await self.gate().settle(res.pool, res.rid, None)
             if d.reason == "settled":
                 exc = kwargs.get("exception")
@@ -615,21 +551,3 @@ class QuotaGuard(CustomLogger):
                               group=res.model_group, call=res.call_id,
                               overrun="yes" if d.overrun else None, **fields)
         (log.warning if d.overrun else log.info)(line)
-
-
-def _guards_of_group(router: Any, model: str, data: Mapping[str, Any]
-                     ) -> tuple[list[GuardedDeployment], bool]:
-    """The guarded deployments of a model group, and whether every deployment is guarded."""
-    try:
-        _, found = router._common_checks_available_deployment(model=model, request_kwargs=data)
-    except Exception:  # noqa: BLE001  unknown model: the router answers it
-        return [], False
-    deployments = [found] if isinstance(found, dict) else list(found or [])
-    guards = []
-    for dep in deployments:
-        try:
-            guards.append(guard_for_deployment(dep))
-        except GuardConfigError:
-            guards.append(None)  # refused at the deployment gate with a clear message
-    guarded = [g for g in guards if g is not None]
-    return guarded, len(guarded) == len(deployments)
