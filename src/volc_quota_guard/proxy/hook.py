@@ -24,7 +24,10 @@ ride one reservation. Per-request state hangs on LiteLLM's logging object, out o
 reach; the metadata only carries the reservation id, checked against this process's registry.
 
 The proxy only calls hooks defined on the registered class itself (a leaf `vars(cls)` check),
-so every hook is defined here, on `QuotaGuard`, never inherited.
+so every hook is defined here, on `QuotaGuard`, never inherited. The class is an adapter: the
+sizing rule is `admission.py`'s, the gate's verbs `gate/`'s, what a call carries `calls.py`'s,
+refusals and the fail mode `refusals.py`'s; `runtime.py` builds it and starts the process's
+background work, which this module never does.
 """
 
 from __future__ import annotations
