@@ -251,7 +251,9 @@ def test_short_headroom_clamps_the_output_cap(world: Callable[..., Any]) -> None
         headers = await w.guard.async_post_call_response_headers_hook(
             {"litellm_logging_obj": state_holder}, None, None)
         assert headers == {hook_mod.CLAMP_HEADER: str(upstream_cap(kw))}
-        assert w.state()["inflight"] == 1_000
+        # all of the headroom but what the prompt could use beyond its reservation at the
+        # correction's ceiling (a few tokens for this prompt)
+        assert 950 < w.state()["inflight"] <= 1_000
     world(scenario)
 
 
