@@ -1,12 +1,12 @@
 """The discrete-event loop: one scenario, one strategy, one fresh ledger, in Beijing time.
 
 Events, in time order (at equal times: the end of a Beijing day, settles, then the strategy's
-sync, then samples, then arrivals, then a wipe of the strategy's store): a request *arrives*
-(the strategy admits it, maybe with a clamped output cap, or refuses it), runs `duration_seconds`, then *settles*: the
-ledger consumes its true tokens at that instant (billing what exceeds the true free balance) and
-the strategy records the usage the upstream reported. The ledger applies return packages and
-expiries lazily, in order. A scenario's `prior_usage` is consumed on the ledger before the start.
-"""
+sync, then samples, then arrivals, then a wipe of the strategy's store): a request *arrives* (the
+strategy admits it, maybe with a clamped output cap, or refuses it), runs `duration_seconds`, then
+*settles*: the ledger consumes its true tokens at that instant (billing what exceeds the true free
+balance) and the strategy records the usage the upstream reported. The ledger applies return
+packages and expiries lazily, in order. A scenario's `prior_usage` is consumed on the ledger
+before the start. """
 
 from __future__ import annotations
 
