@@ -6,7 +6,8 @@ strategy admits it, maybe with a clamped output cap, or refuses it), runs `durat
 *settles*: the ledger consumes its true tokens at that instant (billing what exceeds the true free
 balance) and the strategy records the usage the upstream reported. The ledger applies return
 packages and expiries lazily, in order. A scenario's `prior_usage` is consumed on the ledger
-before the start. """
+before the start.
+"""
 
 from __future__ import annotations
 
