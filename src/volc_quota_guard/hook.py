@@ -362,8 +362,12 @@ class QuotaGuard(CustomLogger):
 
     def _keep_routing_read(self, data: dict[str, Any], read: dict[str, int]) -> None:
         now = time.monotonic()
-        for token in [t for t, (_, at) in self._routing_reads.items() if now - at >= ROUTING_READ_S]:
-            del self._routing_reads[token]
+        reads = self._routing_reads  # in creation order: pruning stops at the first young one
+        while reads:
+            oldest = next(iter(reads))
+            if now - reads[oldest][1] < ROUTING_READ_S:
+                break
+            del reads[oldest]
         token = uuid.uuid4().hex
         self._routing_reads[token] = (read, now)
         key = metadata_key(data)
