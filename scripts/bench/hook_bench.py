@@ -102,7 +102,7 @@ async def measure(url: str | None, requests: int, rounds: int, distinct: bool) -
     base = f"[[fake completion=100]] {demo.PROMPT}"
     per: list[float] = []
     try:
-        for i in range(30):  # warm up: tokenizers, LiteLLM's lazy imports, the Lua scripts
+        for _ in range(30):  # warm up: tokenizers, LiteLLM's lazy imports, the Lua scripts
             await one(guard, r, base, resp)
         for n in range(rounds):
             texts = [f"{i} {n} {base}" if distinct else base for i in range(requests)]
