@@ -513,14 +513,14 @@ def test_the_counting_method_comes_from_model_info_and_a_bad_one_is_a_400(
     world(scenario)
 
 
-def _router_for(monkeypatch: pytest.MonkeyPatch, accounts: dict[str, str]) -> Any:
+def _router_for(monkeypatch: pytest.MonkeyPatch, accounts: dict[str, str], **info: Any) -> Any:
     """A LiteLLM router with one volcengine deployment per id -> account, where the hook finds it."""
     import sys
 
     router = litellm.Router(model_list=[
         {"model_name": "g", "litellm_params": {"model": "volcengine/m-1", "api_key": "k",
                                                "api_base": "http://127.0.0.1:9"},
-         "model_info": {"id": dep, "vqg_account": acct}} for dep, acct in accounts.items()])
+         "model_info": {"id": dep, "vqg_account": acct, **info}} for dep, acct in accounts.items()])
     module = sys.modules.get("litellm.proxy.proxy_server") or types.ModuleType("litellm.proxy.proxy_server")
     monkeypatch.setitem(sys.modules, "litellm.proxy.proxy_server", module)
     monkeypatch.setattr(module, "llm_router", router, raising=False)
@@ -571,4 +571,23 @@ def test_a_cached_guard_sizes_exactly_as_an_uncached_one(world: Callable[..., An
                 assert res is not None
                 granted.append(res.granted)
         assert len(set(granted)) == 1
+    world(scenario)
+
+
+def test_a_deployments_limits_follow_an_edit_of_its_model_info(world: Callable[..., Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-deployment Limits are reused, yet an edited `max_output_tokens` is the next cap."""
+    router = _router_for(monkeypatch, {"dep-a": "acct-a"}, max_output_tokens=1_000,
+                         vqg_reasoning_tokens=0)
+
+    async def scenario(w: World) -> None:
+        w.seed(10_000_000)
+        caps = []
+        for max_out in (1_000, 1_000, 2_000):
+            entry = router.model_list[router.model_id_to_deployment_index_map["dep-a"]]
+            entry["model_info"]["max_output_tokens"] = max_out
+            kw = call()
+            await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+            caps.append(upstream_cap(kw))
+        assert caps == [1_000, 1_000, 2_000]
     world(scenario)
