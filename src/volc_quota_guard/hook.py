@@ -81,6 +81,7 @@ REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's de
 CLAMP_HEADER = "x-vqg-clamped-max-tokens"
 ROUTING_READ_KEY = "vqg_routing_read"  # metadata: token of the pre-call hook's eviction read
 ROUTING_READ_S = 2.0  # the filter reuses that read if it is younger than this
+LIMITS_CACHE_SIZE = 4096  # deployments whose Limits are kept (cleared when full)
 RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
 
 
@@ -138,6 +139,7 @@ class QuotaGuard(CustomLogger):
         self._reservations: dict[str, Reservation] = {}  # rid -> live reservation (this process)
         self._sees_sends = False  # log_pre_api_call fires here, so "never sent" is knowable
         self._routing_reads: dict[str, tuple[dict[str, int], float]] = {}  # token -> (read, at)
+        self._limits_of: dict[str, tuple[GuardedDeployment, admission.Limits]] = {}  # see _limits
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -279,9 +281,19 @@ class QuotaGuard(CustomLogger):
         return sizing.input_tokens + sizing.least_output
 
     def _limits(self, guard: GuardedDeployment) -> admission.Limits:
-        return admission.limits_for(guard.model_info, guard.upstream_model,
-                                    default_output=self.config.default_output_tokens,
-                                    min_output=MIN_OUTPUT_TOKENS)
+        # Per guard object: `guard_of_call` hands out the same one while the router keeps the
+        # deployment unchanged, so this is computed once per deployment (LiteLLM's model map
+        # look-ups cost ~0.13 ms); a guard built from the call's own fields is a new object.
+        hit = self._limits_of.get(guard.model_id)
+        if hit is not None and hit[0] is guard:
+            return hit[1]
+        limits = admission.limits_for(guard.model_info, guard.upstream_model,
+                                      default_output=self.config.default_output_tokens,
+                                      min_output=MIN_OUTPUT_TOKENS)
+        if len(self._limits_of) >= LIMITS_CACHE_SIZE:
+            self._limits_of.clear()
+        self._limits_of[guard.model_id] = (guard, limits)
+        return limits
 
     @staticmethod
     async def _size(params: Mapping[str, Any], route: admission.Route, limits: admission.Limits,
@@ -362,8 +374,12 @@ class QuotaGuard(CustomLogger):
 
     def _keep_routing_read(self, data: dict[str, Any], read: dict[str, int]) -> None:
         now = time.monotonic()
-        for token in [t for t, (_, at) in self._routing_reads.items() if now - at >= ROUTING_READ_S]:
-            del self._routing_reads[token]
+        reads = self._routing_reads  # in creation order: pruning stops at the first young one
+        while reads:
+            oldest = next(iter(reads))
+            if now - reads[oldest][1] < ROUTING_READ_S:
+                break
+            del reads[oldest]
         token = uuid.uuid4().hex
         self._routing_reads[token] = (read, now)
         key = metadata_key(data)
