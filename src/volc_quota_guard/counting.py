@@ -30,7 +30,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -58,6 +60,11 @@ CORRECTION_FLOOR_PPM: Mapping[Method, int] = {
     "cl100k": 1_700_000,
     "ark-api": 1_700_000,
 }
+# The most a method's count may be under Ark's, in ppm: the ceiling k can learn up to, and the
+# miscount admission holds in-flight prompts to near a wall (gate.md, "the ceiling bound").
+# An exact count is off by template and version drift only (measured under 5%): 1.5 leaves
+# ten times that. cl100k and the ark-api fallback take VQG_ESTIMATE_CORRECTION_MAX (3.0).
+CORRECTION_CEILING_PPM: Mapping[Method, int] = {"deepseek": 1_500_000}
 # A count Ark's tokenization API returned is exact text but without the chat template, which
 # Ark does not publish for Doubao: the same floor as an exact offline count, plus a per-message
 # allowance for the template (above DeepSeek's 3, as an unknown template should be).
@@ -122,14 +129,116 @@ def _deepseek_tokenizer() -> Any:
 def warm_up() -> None:
     """Load both tokenizers now, so the first request does not pay for them (~0.2 s each)."""
     _deepseek_tokenizer().encode("warm up 预热", add_special_tokens=False)
+    _deepseek_splitters()
     litellm.token_counter(model=CL100K_MODEL, text="warm up 预热")
 
 
 def deepseek_tokens(text: str) -> int:
-    """Tokens of `text` (special tokens in it count as one each) under the DeepSeek-V4 tokenizer."""
+    """Tokens of `text` (special tokens in it count as one each) under the DeepSeek-V4 tokenizer.
+
+    The reference count: one `encode` of the whole text (the fake Ark counts with this).
+    """
     if not text:
         return 0
     return len(_deepseek_tokenizer().encode(text, add_special_tokens=False).ids)
+
+
+# The guard's count of the same text, equal to `deepseek_tokens` by construction and cheaper on
+# text it has seen: `tokenizers` first cuts the text at its added (special) tokens, each one
+# token, and tokenizes every piece between them on its own (no normalizer, no added token with
+# lstrip/rstrip/single_word here, so a piece's tokens do not depend on its neighbours). The
+# same cut is made here with a trie regex of the added tokens (none is a prefix or substring of
+# another, so leftmost = the tokenizer's leftmost-longest), in its two passes (tokens matched
+# on the raw text, then the "normalized" ones inside what is left), and each piece's count is
+# remembered: a system prompt, a conversation's earlier turns, the same prompt again. Pieces
+# longer than PIECE_CACHE_CHARS are counted, not kept; the cache holds at most
+# PIECE_CACHE_BUDGET_CHARS characters (least recently used out first).
+PIECE_CACHE_CHARS = 32_768
+PIECE_CACHE_BUDGET_CHARS = 4_000_000
+_piece_lock = threading.Lock()
+_piece_counts: OrderedDict[str, int] = OrderedDict()
+_piece_chars = 0
+_splitters: tuple[re.Pattern[str], re.Pattern[str]] | None = None
+_no_splitters = False  # a tokenizer whose pieces are not independent: whole-text encodes
+
+
+def _trie_regex(words: list[str]) -> str:
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(sub) for ch, sub in sorted(node.items()) if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return emit(trie)
+
+
+def _deepseek_splitters() -> tuple[re.Pattern[str], re.Pattern[str]] | None:
+    """(raw-text pass, normalized pass) patterns of the added tokens, or None when the
+    tokenizer's pieces would not be independent (then only whole-text encodes are exact)."""
+    global _splitters, _no_splitters
+    if _splitters is None and not _no_splitters:
+        tok = _deepseek_tokenizer()
+        added = list(tok.get_added_tokens_decoder().values())
+        contents = [a.content for a in added]
+        independent = (
+            tok.normalizer is None or json.loads(tok.normalizer.__getstate__()) ==
+            {"type": "Sequence", "normalizers": []}) and not getattr(
+            tok, "encode_special_tokens", False) and all(
+            not (a.lstrip or a.rstrip or a.single_word) and a.content for a in added) and not any(
+            a != b and a in b for a in contents for b in contents)
+        if not independent:
+            _no_splitters = True
+            return None
+        raw = [a.content for a in added if not a.normalized]
+        norm = [a.content for a in added if a.normalized]
+        _splitters = (re.compile(_trie_regex(raw) or "(?!)"), re.compile(_trie_regex(norm) or "(?!)"))
+    return _splitters
+
+
+def deepseek_tokens_cached(text: str) -> int:
+    """`deepseek_tokens(text)`, with the count of each piece between added tokens remembered."""
+    if not text:
+        return 0
+    splitters = _deepseek_splitters()
+    if splitters is None:
+        return deepseek_tokens(text)
+    raw, norm = splitters
+    total = 0
+    for outer in raw.split(text):
+        pieces = norm.split(outer) if outer else [outer]
+        total += len(pieces)  # the added tokens around the pieces (one each), see below
+        for piece in pieces:
+            if piece:
+                total += _piece_tokens(piece)
+    return total - 1  # n pieces of the raw pass and m_i of each: (n - 1) + Σ(m_i - 1) tokens
+
+
+def _piece_tokens(piece: str) -> int:
+    global _piece_chars
+    if len(piece) > PIECE_CACHE_CHARS:
+        return len(_deepseek_tokenizer().encode(piece, add_special_tokens=False).ids)
+    with _piece_lock:
+        found = _piece_counts.get(piece)
+        if found is not None:
+            _piece_counts.move_to_end(piece)
+            return found
+    count = len(_deepseek_tokenizer().encode(piece, add_special_tokens=False).ids)
+    with _piece_lock:
+        if piece not in _piece_counts:
+            _piece_counts[piece] = count
+            _piece_chars += len(piece)
+            while _piece_chars > PIECE_CACHE_BUDGET_CHARS:
+                old, _ = _piece_counts.popitem(last=False)
+                _piece_chars -= len(old)
+    return count
 
 
 def count_text(method: Method, text: str) -> int:
@@ -139,14 +248,17 @@ def count_text(method: Method, text: str) -> int:
     return litellm.token_counter(model=CL100K_MODEL, text=text) if text else 0
 
 
-def count_chat(method: Method, messages: list[Mapping[str, Any]], tools: list[Any] | None) -> int:
+def count_chat(method: Method, messages: list[Mapping[str, Any]], tools: list[Any] | None, *,
+               cached: bool = False) -> int:
     """Prompt tokens of a chat request by `method`, template overhead included.
 
+    `cached`: count DeepSeek text with `deepseek_tokens_cached` (the same number; the guard's
+    hot path), else with the reference `deepseek_tokens` (the fake Ark's truth).
     Raises TypeError / ValueError on content it cannot read (the caller counts bytes then).
     """
     if method == "deepseek":
         prompt, extra = deepseek_prompt(messages, tools)
-        return deepseek_tokens(prompt) + extra
+        return (deepseek_tokens_cached if cached else deepseek_tokens)(prompt) + extra
     return _cl100k_chat(messages, tools)
 
 

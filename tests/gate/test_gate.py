@@ -247,3 +247,29 @@ def test_eviction_deadlines_come_back_on_this_hosts_clock(client, keyspace):
     assert got["acct-z/never-synced"] == 0
     midnight_here = next_beijing_midnight_ms(skewed.now_ms()) + 3_600_000
     assert abs(got[POOL] - midnight_here) < 5_000
+
+
+def test_an_unmeasured_first_wave_cannot_pass_the_free_balance_even_at_the_ceiling(gate, clock):
+    """Prompts admitted before any settle are bounded so that, were each one corr_max (3.0) times
+    its count, the wave's usage stays within the free balance (wall + buffer)."""
+    gate.install_snapshot(POOL, snap(clock, balance=400_000, buffer=50_000))
+    admitted = []
+    for i in range(40):  # 20k-token prompts the tokenizer counts at 9k (45%), 1k output each
+        d = gate.reserve(POOL, f"w{i}", 9_000 + 1_000, input_tokens=9_000)
+        if d.admitted:
+            admitted.append(d)
+    assert admitted and len(admitted) < 40
+    worst = sum(d.amount - d.input_reserved + 9_000 * 3 for d in admitted)
+    assert worst <= 400_000  # were each prompt 27k, the true free balance still covers the wave
+    # without the bound, the floor (1.7) alone admits ~22 of them: 22 x 28k = 616k worst case
+    assert len(admitted) * (9_000 * 17 // 10 + 1_000) < 350_000
+
+
+def test_the_ceiling_bound_also_holds_the_daily_cap(gate, clock):
+    """On the collection side (no buffer) the same wave stays inside the day's cap at 3.0x."""
+    gate.install_snapshot(POOL, snap(clock, balance=10_000_000, cap=300_000, minutes=24 * 60))
+    admitted = [d for i in range(40)
+                if (d := gate.reserve(POOL, f"c{i}", 10_000, input_tokens=9_000)).admitted]
+    assert admitted
+    assert sum(d.amount - d.input_reserved + 9_000 * 3 for d in admitted) <= 300_000
+    assert gate.reserve(POOL, "c-last", 10_000, input_tokens=9_000).reason == "collection_wall"

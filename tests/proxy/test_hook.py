@@ -255,7 +255,9 @@ def test_short_headroom_clamps_the_output_cap(world: Callable[..., Any]) -> None
         headers = await w.guard.async_post_call_response_headers_hook(
             {"litellm_logging_obj": state_holder}, None, None)
         assert headers == {hook_mod.CLAMP_HEADER: str(upstream_cap(kw))}
-        assert w.state()["inflight"] == 1_000
+        # all of the headroom but what the prompt could use beyond its reservation at the
+        # correction's ceiling (a few tokens for this prompt)
+        assert 950 < w.state()["inflight"] <= 1_000
     world(scenario)
 
 
@@ -514,4 +516,84 @@ def test_the_counting_method_comes_from_model_info_and_a_bad_one_is_a_400(
         with pytest.raises(litellm.MalformedRequestFieldError, match="misconfigured") as err:
             await w.guard.async_pre_call_deployment_hook(bad, "acompletion")
         assert err.value.status_code == 400 and w.state()["inflight_est"] == exact
+    world(scenario)
+
+
+def _router_for(monkeypatch: pytest.MonkeyPatch, accounts: dict[str, str], **info: Any) -> Any:
+    """A LiteLLM router with one volcengine deployment per id -> account, where the hook finds it."""
+    import sys
+
+    router = litellm.Router(model_list=[
+        {"model_name": "g", "litellm_params": {"model": "volcengine/m-1", "api_key": "k",
+                                               "api_base": "http://127.0.0.1:9"},
+         "model_info": {"id": dep, "vqg_account": acct, **info}} for dep, acct in accounts.items()])
+    module = sys.modules.get("litellm.proxy.proxy_server") or types.ModuleType("litellm.proxy.proxy_server")
+    monkeypatch.setitem(sys.modules, "litellm.proxy.proxy_server", module)
+    monkeypatch.setattr(module, "llm_router", router, raising=False)
+    return router
+
+
+def test_the_cached_deployment_guard_follows_changes_to_the_routers_model_list(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard of a deployment id is reused while the router keeps that deployment, and a
+    changed account (in place or by a new model list), a removed or a re-added deployment is seen."""
+    from volc_quota_guard.proxy import calls
+
+    router = _router_for(monkeypatch, {"dep-a": "acct-a", "dep-b": "acct-b"})
+    first = calls.guard_of_call(call(model_id="dep-a"))
+    assert first is not None and first.pool == "acct-a/m-1"
+    assert calls.guard_of_call(call(model_id="dep-a")) is first  # cached, not rebuilt
+    assert calls.guard_of_call(call(model_id="dep-b")).pool == "acct-b/m-1"
+    entry = router.model_list[router.model_id_to_deployment_index_map["dep-a"]]
+    entry["model_info"]["vqg_account"] = "acct-c"
+    assert calls.guard_of_call(call(model_id="dep-a")).pool == "acct-c/m-1"  # edited in place
+    router.set_model_list([{"model_name": "g", "litellm_params": {"model": "volcengine/m-2", "api_key": "k"},
+                            "model_info": {"id": "dep-a", "vqg_account": "acct-d"}}])
+    assert calls.guard_of_call(call(model_id="dep-a")).pool == "acct-d/m-2"  # a new model list
+    router.set_model_list([{"model_name": "g", "litellm_params": {"model": "openai/gpt-x", "api_key": "k"},
+                            "model_info": {"id": "dep-a"}}])
+    assert calls.guard_of_call(call(model_id="dep-a")) is None  # no longer a volcengine deployment
+    router.delete_deployment("dep-a")
+    fallback = calls.guard_of_call(call(model_id="dep-a"))  # unknown to the router: the call's own fields
+    assert fallback is not None and fallback.pool == "acct-a/m-1"
+
+
+def test_a_cached_guard_sizes_exactly_as_an_uncached_one(world: Callable[..., Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same request reserves the same amount on a cold and on a warm deployment cache."""
+    from volc_quota_guard.proxy import calls
+
+    _router_for(monkeypatch, {"dep-a": "acct-a"})
+
+    async def scenario(w: World) -> None:
+        w.seed(10_000_000)
+        granted = []
+        for _ in range(2):
+            calls._guards.clear()
+            for _ in range(2):  # cold, then warm
+                kw = call(text="请用三句话解释一下为什么免费额度需要防护。" * 5, max_tokens=300)
+                await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+                res = w.guard._stashed(kw, "dep-a")
+                assert res is not None
+                granted.append(res.granted)
+        assert len(set(granted)) == 1
+    world(scenario)
+
+
+def test_a_deployments_limits_follow_an_edit_of_its_model_info(world: Callable[..., Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-deployment Limits are reused, yet an edited `max_output_tokens` is the next cap."""
+    router = _router_for(monkeypatch, {"dep-a": "acct-a"}, max_output_tokens=1_000,
+                         vqg_reasoning_tokens=0)
+
+    async def scenario(w: World) -> None:
+        w.seed(10_000_000)
+        caps = []
+        for max_out in (1_000, 1_000, 2_000):
+            entry = router.model_list[router.model_id_to_deployment_index_map["dep-a"]]
+            entry["model_info"]["max_output_tokens"] = max_out
+            kw = call()
+            await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+            caps.append(upstream_cap(kw))
+        assert caps == [1_000, 1_000, 2_000]
     world(scenario)

@@ -59,9 +59,10 @@ def test_the_lister_shows_the_ledgers_lagged_view_as_the_billing_api_would() -> 
 
 @pytest.fixture
 def calibrated(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An estimate correction that starts at 1.0: these tests are about the clamp's arithmetic
-    with an exact tokenizer, not about the cold start (tested below)."""
+    """An exact tokenizer (the correction's floor and ceiling both 1.0): these tests are about the
+    clamp's arithmetic, not about the cold start or the ceiling bound (tested below)."""
     monkeypatch.setenv("VQG_ESTIMATE_CORRECTION_MIN", "1.0")
+    monkeypatch.setenv("VQG_ESTIMATE_CORRECTION_MAX", "1.0")
 
 
 def test_the_guard_clamps_max_tokens_to_the_grant_minus_the_estimate(calibrated: None) -> None:
@@ -97,14 +98,21 @@ def test_a_request_without_usage_is_settled_as_its_whole_reservation() -> None:
     assert (v6.served_requests, v6.blocked_requests) == (2, 0)
 
 
-def test_prompts_are_reserved_at_the_floor_until_a_worse_ratio_is_measured() -> None:
-    """Before any measurement a prompt is reserved at 1.7x its count; a measured 2x raises k to 2."""
+def test_prompts_are_reserved_at_the_floor_until_a_worse_ratio_is_measured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any measurement a prompt is reserved at 1.7x its count; a measured 2x raises k to 2.
+    (Ceiling 2.0 here: at 3.0 the ceiling bound, not k, decides a lone big prompt near a wall.)"""
+    monkeypatch.setenv("VQG_ESTIMATE_CORRECTION_MAX", "2.0")
     big = '  - {at: "09:00", prompt: 120000, completion: 10, max_tokens: 16}\n'
-    r = simulate(parse_scenario(BASE + big), "guard")
+    r = simulate(parse_scenario(BASE + big), "guard", from_env=True)
     assert (r.served_requests, r.blocked_requests) == (1, 0)  # 204,016 reserved of 250,000
     worse = ('  - {from: "08:00", to: "08:10", every_seconds: 60, prompt: 1000, completion: 10,'
              ' max_tokens: 16, estimate_ratio: 0.5}\n')
-    r = simulate(parse_scenario(BASE + worse + big), "guard")
+    r = simulate(parse_scenario(BASE + worse + big), "guard", from_env=True)
     # The tokenizer counted half of ten prompts: k = 2.0, and 240,016 > 250,000 − 10,100 left.
     assert (r.served_requests, r.blocked_requests) == (10, 1)
     assert r.billed_tokens == 0
+    monkeypatch.delenv("VQG_ESTIMATE_CORRECTION_MAX")
+    r = simulate(parse_scenario(BASE + big), "guard", from_env=True)
+    # At the default ceiling (3.0) the prompt might be 360,000: more than the 300,000 free.
+    assert (r.served_requests, r.blocked_requests) == (0, 1)

@@ -87,6 +87,12 @@ class PoolModel:
         pool with headroom >= 0 stays within its walls however its in-flight requests settle."""
         return sum(h.amount - h.est_res + h.est * self.k // PPM for h in self.reservations.values())
 
+    def miscount_risk(self, est: int, est_res: int) -> int:
+        """What the in-flight prompts, plus one of `est` reserved as `est_res`, could use beyond
+        `held()` if each were corr_max times its count: a class the pool never measured."""
+        return (corrected(self.inflight_est + est, self.corr_max)
+                - (self.inflight_est_res + est_res) - self.margin())
+
     def headrooms(self) -> tuple[int, int]:
         return (self.balance_wall() - (self.ucum + self.held()),
                 self.cap - (self.day_usage + self.held()))
@@ -212,6 +218,10 @@ class GateModel:
         else:
             extra = est_res - input_tokens
             hb, hc = p.headrooms()
+            # Were every in-flight prompt corr_max times its count, usage would stay within the
+            # true free balance (wall + buffer) and the daily cap.
+            risk = p.miscount_risk(input_tokens, est_res)
+            hb, hc = min(hb, hb + p.buffer - risk), min(hc, hc - risk)
             grant = min(wanted + extra, hb, hc)
             if grant >= least + extra:
                 status, reason, granted = "ok", "admitted", grant

@@ -121,13 +121,49 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
     model_id = info.get("id")
     router = llm_router()
     if router is not None and isinstance(model_id, str):
+        raw = _router_entry(router, model_id)
+        hit = _guards.get(model_id) if raw is not None else None
+        if hit is not None and hit[0] is raw and hit[1] == _fingerprint(raw):
+            return hit[2]
         try:
             dep = router.get_deployment(model_id=model_id)
         except Exception:  # noqa: BLE001
             dep = None
         if dep is not None:
-            return guard_for_deployment(dep.model_dump(exclude_none=True))
+            guard = guard_for_deployment(dep.model_dump(exclude_none=True))
+            if raw is not None:
+                if len(_guards) >= GUARD_CACHE_SIZE:
+                    _guards.clear()
+                _guards[model_id] = (raw, _fingerprint(raw), guard)
+            return guard
     return guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info)
+
+
+# model id -> (the router's deployment dict, its fingerprint, its guard): `guard_of_call` per
+# request rebuilt a pydantic Deployment and dumped it again for a value that only changes when
+# the router's model list does. An entry holds only while the router still has that very dict
+# for the id with the same fields the guard is read from (a reload, an added, removed or edited
+# deployment is a miss).
+GUARD_CACHE_SIZE = 4096
+_guards: dict[str, tuple[Mapping[str, Any], tuple[object, ...], GuardedDeployment | None]] = {}
+
+
+def _router_entry(router: Any, model_id: str) -> Mapping[str, Any] | None:
+    """The router's own dict for a deployment id (what `Router.get_deployment` reads), or None."""
+    try:
+        found = router.model_list[router.model_id_to_deployment_index_map[model_id]]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _fingerprint(raw: Mapping[str, Any]) -> tuple[object, ...]:
+    """What `guard_for_deployment` reads from a deployment, as a value to compare."""
+    params = raw.get("litellm_params")
+    params = params if isinstance(params, Mapping) else {}
+    info = raw.get("model_info")
+    return (params.get("model"), params.get("custom_llm_provider"),
+            dict(info) if isinstance(info, Mapping) else info)
 
 
 def call_type_name(call_type: object) -> str:
@@ -258,8 +294,12 @@ class RoutingReads:
 
     def keep(self, data: dict[str, Any], read: dict[str, int]) -> None:
         now = time.monotonic()
-        for token in [t for t, (_, at) in self._reads.items() if now - at >= ROUTING_READ_S]:
-            del self._reads[token]
+        reads = self._reads  # in creation order: pruning stops at the first young one
+        while reads:
+            oldest = next(iter(reads))
+            if now - reads[oldest][1] < ROUTING_READ_S:
+                break
+            del reads[oldest]
         token = uuid.uuid4().hex
         self._reads[token] = (read, now)
         _own_metadata(data)[ROUTING_READ_KEY] = token

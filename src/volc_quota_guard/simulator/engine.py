@@ -1,11 +1,12 @@
 """The discrete-event loop: one scenario, one strategy, one fresh ledger, in Beijing time.
 
-Events, in time order (at equal times: settles, then the strategy's sync, then samples, then
-arrivals, then a wipe of the strategy's store): a request *arrives* (the strategy admits it,
-maybe with a clamped output cap, or refuses it), runs `duration_seconds`, then *settles*: the
-ledger consumes its true tokens at that instant (billing what exceeds the true free balance) and
-the strategy records the usage the upstream reported. The ledger applies return packages and
-expiries lazily, in order. A scenario's `prior_usage` is consumed on the ledger before the start.
+Events, in time order (at equal times: the end of a Beijing day, settles, then the strategy's
+sync, then samples, then arrivals, then a wipe of the strategy's store): a request *arrives* (the
+strategy admits it, maybe with a clamped output cap, or refuses it), runs `duration_seconds`, then
+*settles*: the ledger consumes its true tokens at that instant (billing what exceeds the true free
+balance) and the strategy records the usage the upstream reported. The ledger applies return
+packages and expiries lazily, in order. A scenario's `prior_usage` is consumed on the ledger
+before the start.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from ..clock import MINUTE_MS, ManualClock, beijing_day
+from ..clock import MINUTE_MS, ManualClock, beijing_day, next_beijing_midnight_ms
 from ..config import Settings, load_settings
 from ..fake.ledger import Ledger
 from .scenario import Scenario, arrivals
@@ -92,6 +93,7 @@ class RunResult:
     clamped_requests: int
     served_tokens: int
     refused_while_free_tokens: int
+    stranded_tokens: int = 0  # refused-while-free demand the day's leftover free quota could have served
     syncs: int = 0
     elapsed_s: float = 0.0
     series: Series | None = None
@@ -131,7 +133,7 @@ def make_strategy(name: str, s: Scenario, ledger: Ledger, clock: ManualClock, cf
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
-_SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE = range(5)
+_DAY_END, _SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE = range(6)
 _NEVER = 1 << 62
 
 
@@ -151,7 +153,8 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
     step = (sample_minutes or (5 if s.days <= 3 else 30)) * MINUTE_MS
     out = Series(step, s.daily_cap) if series else None
 
-    served = blocked = clamped = served_tokens = refused_free = 0
+    served = blocked = clamped = served_tokens = refused_free = stranded = 0
+    next_midnight = next_beijing_midnight_ms(s.start_ms)
     pending = 0  # true tokens of admitted requests that have not settled yet
     spared: dict[int, int] = {}  # Beijing day -> refused tokens counted as would-have-fit
     settles: list[tuple[int, int, SimRequest, Admission, int]] = []
@@ -167,6 +170,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
         while True:
             wake = strat.wakeup_at()
             candidates = (
+                (next_midnight if next_midnight < end else _NEVER, _DAY_END),
                 (settles[0][0] if settles else _NEVER, _SETTLE),
                 (wake if wake is not None and wake < end else _NEVER, _WAKE),
                 (next_sample if next_sample < end else _NEVER, _SAMPLE),
@@ -178,7 +182,10 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                 break
             clock.set(now)
 
-            if kind == _SETTLE:
+            if kind == _DAY_END:
+                stranded += _stranded(ledger, s, now, pending, spared.get(beijing_day(now - 1), 0))
+                next_midnight = next_beijing_midnight_ms(now)
+            elif kind == _SETTLE:
                 _, _, req, adm, tokens = heapq.heappop(settles)
                 ledger.consume(POOL, tokens, now)
                 pending -= tokens
@@ -227,13 +234,26 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                     heapq.heappush(settles, (done, seq, req, adm, tokens))
 
         final = max(end, clock.now_ms())
+        stranded += _stranded(ledger, s, final, pending, spared.get(beijing_day(final - 1), 0))
         totals = ledger.totals(POOL, final)
     return RunResult(
         scenario=s.name, strategy=strategy, billed_tokens=totals.billed,
         burned_tokens=totals.burned, expired_tokens=totals.expired, served_requests=served,
         blocked_requests=blocked, clamped_requests=clamped, served_tokens=served_tokens,
-        refused_while_free_tokens=refused_free, syncs=strat.syncs,
+        refused_while_free_tokens=refused_free, stranded_tokens=stranded, syncs=strat.syncs,
         elapsed_s=time.perf_counter() - started, series=out)
+
+
+def _stranded(ledger: Ledger, s: Scenario, end: int, pending: int, refused_free: int) -> int:
+    """At the end (ms) of a Beijing day: the free quota it left unused beyond SMALL_BUFFER (the
+    true free balance or the day's remaining cap, whichever binds), up to the tokens it refused
+    while they fit. Quota no request asked for is not stranded; quota a refusal left is."""
+    if refused_free <= 0:
+        return 0
+    totals = ledger.totals(POOL, end)
+    collected = totals.collected.get(beijing_day(end - 1), 0)
+    usable = min(totals.true_balance - pending, s.daily_cap - collected)
+    return min(refused_free, max(0, usable - s.small_buffer))
 
 
 def _fits(ledger: Ledger, s: Scenario, now: int, tokens: int, pending: int) -> bool:

@@ -4,7 +4,9 @@ Each seed gives one scenario, the same on every machine: one pool, 1–2 days (a
 and cross Beijing midnight), API lag 0–45 min, 1–3 packages (some expiring during the run, some
 arriving mid-run, yesterday's return package), and 1–3 traffic lines with a tokenizer that
 under- or over-counts (`estimate_ratio` 0.6–1.4), concurrency 1–32, durations 1–300 s, with and
-without `max_tokens`, sometimes without usage; some runs start on an account that was in use
+without `max_tokens`, sometimes without usage; some runs get a wave of a class the tokenizer
+counts far low (`estimate_ratio` 0.34–0.6, down to 1 / the correction's ceiling: images, another
+tokenizer) that no settle has measured yet, 8–32 at a time; some runs start on an account that was in use
 (`prior_usage` the guard never saw, up to 180,000 tokens in the last 0–30 min) and some lose the
 guard's store at a time of day 1 (`wipe_at`). Pool sizes and the daily cap are drawn around the
 traffic's volume, so most runs reach a wall. Request counts are kept small (a few hundred) so a
@@ -115,7 +117,30 @@ def scenario_dict(seed: int) -> dict[str, object]:
     }
     out.update(_history(seed, start, packages, daily_cap))
     _shapes(seed, out)
+    _unmeasured_wave(seed, out, start.hour * 60)
     return out
+
+
+def _unmeasured_wave(seed: int, scenario: dict[str, object], start_minute: int) -> None:
+    """Issue 15's class, from a generator of its own: a burst of prompts the guard's tokenizer
+    counts at 34-60% of Ark's, many at a time, long enough that the first wave is all in flight
+    before any of it settles (the correction cannot have learnt it)."""
+    rng = random.Random(f"wave-{seed}")
+    if rng.random() < 0.6:
+        return
+    begin = rng.randrange(start_minute, 24 * 60 - 20)
+    span = rng.randint(2, 15)
+    completion = _log_uniform(rng, 50, 5_000)
+    concurrency = rng.choice([8, 16, 24, 32])
+    every = max(rng.choice([5, 10, 20, 30]), span * 60 * concurrency // MAX_REQUESTS)  # keep it small
+    line: dict[str, object] = {
+        "from": _hhmm(begin), "to": _hhmm(begin + span), "every_seconds": every,
+        "concurrency": concurrency, "prompt": _log_uniform(rng, 1_000, 40_000),
+        "completion": completion, "estimate_ratio": round(rng.uniform(0.34, 0.6), 2),
+        "duration_seconds": rng.choice([30, 60, 90, 180, 300])}
+    if rng.random() < 0.7:
+        line["max_tokens"] = max(1, int(completion * rng.uniform(0.5, 2.0)))
+    scenario["traffic"].append(line)  # type: ignore[attr-defined]
 
 
 def _shapes(seed: int, scenario: dict[str, object]) -> None:
@@ -173,6 +198,7 @@ class FuzzCase:
     served_tokens: int
     refused_while_free: int
     requests: int
+    stranded: int = 0
     error: str | None = None
 
     @property
@@ -185,9 +211,10 @@ def run_seed(seed: int, store_url: str | None = None) -> FuzzCase:
     try:
         r = simulate(parse_scenario(scenario_yaml(seed), f"fuzz-{seed}"), "guard", store_url=store_url)
     except Exception as exc:  # noqa: BLE001  the fuzz reports it with its seed
-        return FuzzCase(seed, 0, 0, 0, 0, 0, f"{type(exc).__name__}: {exc}")
+        return FuzzCase(seed, 0, 0, 0, 0, 0, error=f"{type(exc).__name__}: {exc}")
     return FuzzCase(seed, r.billed_tokens, r.burned_tokens, r.served_tokens,
-                    r.refused_while_free_tokens, r.served_requests + r.blocked_requests)
+                    r.refused_while_free_tokens, r.served_requests + r.blocked_requests,
+                    r.stranded_tokens)
 
 
 def run_fuzz(seeds: Iterable[int], workers: int | None = None,

@@ -44,7 +44,7 @@ def print_table(console: Console, s: Scenario, results: Sequence[RunResult]) -> 
                   caption_justify="left")
     table.add_column("strategy")
     for col in ("billed", "burned", "expired", "served req", "blocked", "clamped",
-                "served tokens", "refused while free", "syncs", "time"):
+                "served tokens", "refused while free", "stranded", "syncs", "time"):
         table.add_column(col, justify="right")
     for r in results:
         billed = f"[bold red]{_n(r.billed_tokens)}[/]" if r.billed_tokens else "[green]0[/]"
@@ -52,11 +52,13 @@ def print_table(console: Console, s: Scenario, results: Sequence[RunResult]) -> 
         table.add_row(f"[bold]{r.strategy}[/]" if r.strategy == "guard" else r.strategy,
                       billed, burned, _n(r.expired_tokens), _n(r.served_requests),
                       _n(r.blocked_requests), _n(r.clamped_requests), _n(r.served_tokens),
-                      _n(r.refused_while_free_tokens), _n(r.syncs), f"{r.elapsed_s:.1f}s")
+                      _n(r.refused_while_free_tokens), _n(r.stranded_tokens), _n(r.syncs),
+                      f"{r.elapsed_s:.1f}s")
     console.print(table)
     console.print("[dim]billed: paid beyond the true free balance · burned: collected past the "
                   "daily cap · refused while free: tokens of refused requests that fit the true "
-                  "balance and the cap[/]")
+                  "balance and the cap · stranded: free quota beyond SMALL_BUFFER left at the end "
+                  "of days with refusals[/]")
 
 
 def markdown_table(rows: Sequence[tuple[str, Sequence[RunResult]]], strategies: Sequence[str]) -> str:

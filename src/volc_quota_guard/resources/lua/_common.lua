@@ -193,6 +193,12 @@ local function margin(st)
   return math.max(0, corrected(st.inflight_est, st.k) - st.inflight_est_res)
 end
 
+-- What the in-flight prompts, plus one of `est` reserved as `est_res`, could use beyond what the
+-- walls already hold if each were corr_max times its count: a class the pool never measured.
+local function miscount_risk(st, est, est_res)
+  return corrected(st.inflight_est + est, st.corr_max) - (st.inflight_est_res + est_res) - margin(st)
+end
+
 local function headrooms(st)
   local held = st.inflight + margin(st)
   return wall_balance(st) - (st.ucum + held), day_cap(st) - (st.day_usage + held)

@@ -1,7 +1,8 @@
 -- ARGV: now_ms ('' = server TIME), request id, amount wanted, least amount acceptable, ttl_ms,
 -- estimated input ('' = 0: the part of both amounts that is the tokenizer's prompt count).
 -- The estimated input is reserved as ceil(est * k); grants min(wanted, headroom) when that is
--- at least the least acceptable amount (both with k applied).
+-- at least the least acceptable amount (both with k applied), and only while the walls would
+-- hold were every in-flight prompt corr_max times its count.
 local now = read_now(ARGV[1])
 local id = ARGV[2]
 local wanted = int_arg(ARGV[3], 1, MAX_REQUEST)
@@ -30,6 +31,11 @@ elseif now > st.valid_until then
 else
   local extra = est_res - est
   local hb, hc = headrooms(st)
+  -- Even were every in-flight prompt corr_max times its count, usage stays within the true free
+  -- balance (the wall plus the buffer) and the daily cap: this bounds a first wave of a class
+  -- the pool has never measured, before any settle can raise k.
+  local risk = miscount_risk(st, est, est_res)
+  hb, hc = math.min(hb, hb + st.buffer - risk), math.min(hc, hc - risk)
   local grant = math.min(wanted + extra, hb, hc)
   if grant >= least + extra then
     status, reason, granted = 'ok', 'admitted', grant
