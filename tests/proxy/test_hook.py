@@ -573,7 +573,7 @@ def test_a_cached_guard_sizes_exactly_as_an_uncached_one(world: Callable[..., An
             for _ in range(2):  # cold, then warm
                 kw = call(text="请用三句话解释一下为什么免费额度需要防护。" * 5, max_tokens=300)
                 await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
-                res = w.guard._stashed(kw, "dep-a")
+                res = w.guard.reservations.stashed(kw, "dep-a")
                 assert res is not None
                 granted.append(res.granted)
         assert len(set(granted)) == 1
