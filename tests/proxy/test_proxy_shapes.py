@@ -25,7 +25,7 @@ SHAPES = {  # model name -> (pool, free tokens)
     "think": ("acct-c/think-model-260101", 200_000),
     "small": ("acct-c/small-model-260101", 60_000),
     "embed": ("acct-c/embed-model-260101", 60_000),
-    "resp": ("acct-c/resp-model-260101", 60_000),
+    "resp": ("acct-c/resp-model-260101", 150_000),  # a 22k prompt is held at 3x (the ceiling)
     "media": ("acct-c/media-model-260101", 60_000),
 }
 
