@@ -19,6 +19,7 @@ import uuid
 
 from volc_quota_guard.gate import Gate, Snapshot
 from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.gate.records import Records
 from volc_quota_guard.gate.store import connect
 
 
@@ -59,8 +60,7 @@ def bench_gate(url: str, pairs: int, threads: int) -> dict[str, float]:
     for t in ts:
         t.join()
     elapsed = time.perf_counter() - start
-    for key in client.scan_iter(f"{ks.prefix}:*", count=1000):
-        client.delete(key)
+    Records(client, ks).clear()
     q = statistics.quantiles
     return {
         "pairs_per_s": per * threads / elapsed,

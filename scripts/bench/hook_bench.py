@@ -35,6 +35,7 @@ from volc_quota_guard import demo  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot  # noqa: E402
 from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
+from volc_quota_guard.gate.records import Records  # noqa: E402
 from volc_quota_guard.gate.store import connect, connect_async  # noqa: E402
 from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 
@@ -111,9 +112,7 @@ async def measure(url: str | None, requests: int, rounds: int, distinct: bool) -
                 await one(guard, r, text, resp)
             per.append((time.process_time() - t0) / requests)
     finally:
-        client = connect(url)
-        for key in client.scan_iter(f"{keyspace.prefix}:*", count=1000):
-            client.delete(key)
+        Records(connect(url), keyspace).clear()
     return per
 
 

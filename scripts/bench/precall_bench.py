@@ -34,6 +34,7 @@ from volc_quota_guard import estimate  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot  # noqa: E402
 from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
+from volc_quota_guard.gate.records import Records  # noqa: E402
 from volc_quota_guard.gate.store import connect, connect_async  # noqa: E402
 from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 
@@ -123,9 +124,7 @@ async def measure(url: str | None, reps: int) -> list[dict[str, Any]]:
                          "count": med(counted[1:]), "count_block": count_block,
                          "hook": med(hooked[1:]), "hook_block": hook_block})
     finally:
-        client = connect(url)
-        for key in client.scan_iter(f"{keyspace.prefix}:*", count=1000):
-            client.delete(key)
+        Records(connect(url), keyspace).clear()
     return rows
 
 
