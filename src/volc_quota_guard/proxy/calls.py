@@ -300,10 +300,6 @@ class RoutingReads:
         else:
             self._open.pop(pool, None)
 
-    def forget_open(self) -> None:
-        """The store failed: until a gate answer comes back, routing reads (and sees the outage)."""
-        self._open.clear()
-
     def open_pools(self, pools: list[str]) -> dict[str, int] | None:
         """Every pool routable (deadline 0) if a gate answer said so moments ago, else None.
 

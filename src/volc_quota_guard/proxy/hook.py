@@ -347,7 +347,6 @@ class QuotaGuard(CustomLogger):
             d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least,
                                           self.config.reservation_ttl_seconds * 1000, input_tokens=inp)
         except (StoreUnavailable, GateError) as exc:
-            self._routing_reads.forget_open()  # routing must see the outage: read, not trust
             store_failure(self.fail_open, f"quota store unreachable, {guard.pool} passes unguarded",
                           f"⛔ [STORE-DOWN] quota store unreachable, {guard.pool} refused",
                           refusals.store_down(group, exc), exc)
@@ -463,7 +462,6 @@ class QuotaGuard(CustomLogger):
         try:
             await self._settle_success(kwargs, response_obj)
         except StoreUnavailable as exc:
-            self._routing_reads.forget_open()
             log.error("⛔ [STORE-DOWN] usage not recorded (the reservation, if any, expires as "
                       "consumed): %s", exc)
         except Exception:  # noqa: BLE001  logging must never fail the request
@@ -523,7 +521,6 @@ class QuotaGuard(CustomLogger):
         try:
             await self._settle_failure(request_data, exception)
         except StoreUnavailable as exc:
-            self._routing_reads.forget_open()
             log.error("⛔ [STORE-DOWN] failed attempt not settled (its reservation expires as "
                       "consumed): %s", exc)
         except Exception:  # noqa: BLE001
