@@ -597,34 +597,3 @@ def test_a_deployments_limits_follow_an_edit_of_its_model_info(world: Callable[.
             caps.append(upstream_cap(kw))
         assert caps == [1_000, 1_000, 2_000]
     world(scenario)
-
-
-def test_the_filter_trusts_a_moments_old_open_answer_and_reads_an_eviction_afresh(
-        world: Callable[..., Any]) -> None:
-    """After this process's reserve found a pool routable, routing skips the eviction read for a
-    moment; once a gate answer shows the pool evicted, routing reads the store again."""
-    async def scenario(w: World) -> None:
-        w.seed(100_000, evict_below=0)
-        gate = w.guard.gate()
-        reads: list[list[str]] = []
-        real = gate.evicted_until
-
-        async def counted(pools: list[str]) -> dict[str, int]:
-            reads.append(pools)
-            return await real(pools)
-        gate.evicted_until = counted  # type: ignore[method-assign]
-        deps = [{"litellm_params": {"model": "volcengine/m-1"},
-                 "model_info": {"id": "dep-a", "vqg_account": "acct-a"}}]
-        await w.guard.async_filter_deployments("g", deps, None, {})
-        assert len(reads) == 1  # nothing known yet: read
-        await w.guard.async_pre_call_deployment_hook(call(max_tokens=100), "acompletion")
-        assert len(await w.guard.async_filter_deployments("g", deps, None, {})) == 1
-        assert len(reads) == 1  # the reserve's answer said routable: no read
-        w.seed(10, evict_below=1_000)  # another process's snapshot: the pool is now evicted
-        with pytest.raises(QuotaRefused):  # the reserve, still the authority, refuses
-            await w.guard.async_pre_call_deployment_hook(call(max_tokens=100, call_id="c2"),
-                                                         "acompletion")
-        with pytest.raises(QuotaRefused):
-            await w.guard.async_filter_deployments("g", deps, None, {})
-        assert len(reads) == 2  # the refusal showed the eviction: read afresh
-    world(scenario)

@@ -291,25 +291,6 @@ class RoutingReads:
 
     def __init__(self) -> None:
         self._reads: dict[str, tuple[dict[str, int], float]] = {}  # token -> (read, at)
-        self._open: dict[str, float] = {}  # pool -> when a gate answer last showed it routable
-
-    def note(self, pool: str, evicted_until: int) -> None:
-        """A gate answer this process just had for `pool` (its reserve or settle)."""
-        if evicted_until == 0:
-            self._open[pool] = time.monotonic()
-        else:
-            self._open.pop(pool, None)
-
-    def open_pools(self, pools: list[str]) -> dict[str, int] | None:
-        """Every pool routable (deadline 0) if a gate answer said so moments ago, else None.
-
-        Only a hint for routing: the reserve that follows is still the one authority, so a pool
-        another process evicted since is refused there. An evicted pool is always read afresh.
-        """
-        now = time.monotonic()
-        if all(now - self._open.get(p, -ROUTING_READ_S) < ROUTING_READ_S for p in pools):
-            return dict.fromkeys(pools, 0)
-        return None
 
     def keep(self, data: dict[str, Any], read: dict[str, int]) -> None:
         now = time.monotonic()

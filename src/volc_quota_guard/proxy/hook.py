@@ -6,8 +6,7 @@ Where each job happens (LiteLLM 1.108.7; docs/operating.md, "What happens to a r
   messages (400), and when *every* deployment of the requested group is evicted, raise
   `ProxyRateLimitError` so the proxy walks the configured fallbacks and otherwise answers
   429 + Retry-After.
-- `async_filter_deployments` (every routing attempt): drop evicted pools (a pipelined read,
-  skipped while this process's last gate answer showed every pool routable)
+- `async_filter_deployments` (every routing attempt): drop evicted pools (one pipelined read)
   and deployments that already refused this request, so the router picks another account or
   falls back.
 - `async_pre_call_deployment_hook` (after routing, before the HTTP call; the real gate): one
@@ -290,10 +289,9 @@ class QuotaGuard(CustomLogger):
 
     async def _evicted(self, pools: list[str], request: Mapping[str, Any] | None = None
                        ) -> dict[str, int]:
-        """Each pool's eviction deadline (host clock): the pre-call hook's read of the same
-        request moments earlier, else "routable" when this process's last gate answer for every
-        pool said so under `ROUTING_READ_S` ago (the reserve stays the authority), else a read."""
-        found = self._routing_reads.find(request or {}, pools) or self._routing_reads.open_pools(pools)
+        """Each pool's eviction deadline (host clock); the pre-call hook's read of the same
+        request moments earlier is reused (one round trip, not two)."""
+        found = self._routing_reads.find(request or {}, pools)
         return found if found is not None else await self.gate().evicted_until(pools)
 
     # ---- the gate --------------------------------------------------------------------------
@@ -352,7 +350,6 @@ class QuotaGuard(CustomLogger):
                           refusals.store_down(group, exc), exc)
             return None
         metrics.reserved(guard.pool, d, sizing.output)
-        self._routing_reads.note(guard.pool, d.evicted_until)
         if not d.admitted:  # what it needed: the prompt as the gate holds it (k applied) + least output
             self._refuse(kwargs, guard, group, state, d,
                          max(d.input_reserved, inp) + sizing.least_output, call_id)
@@ -498,7 +495,6 @@ class QuotaGuard(CustomLogger):
             return
         measured_input = reading.prompt if reading.source == "measured" else None
         d = await self.gate().settle(res.pool, res.rid, actual, measured_input)
-        self._routing_reads.note(res.pool, d.evicted_until)
         self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
         await self._record_stored(res, response_obj)
 
