@@ -597,3 +597,16 @@ def test_a_deployments_limits_follow_an_edit_of_its_model_info(world: Callable[.
             caps.append(upstream_cap(kw))
         assert caps == [1_000, 1_000, 2_000]
     world(scenario)
+
+
+def test_a_refusal_by_the_ceiling_bound_says_so(world: Callable[..., Any]) -> None:
+    """A prompt that fits the headroom at k but not at the correction's ceiling is refused with a
+    message that names the ceiling (not a bare "needs less than is left")."""
+    async def scenario(w: World) -> None:
+        w.seed(50_000, evict_below=0)
+        with pytest.raises(QuotaRefused) as err:  # ~20k tokens: 34k held at 1.7, 60k at 3.0
+            await w.guard.async_pre_call_deployment_hook(call(text="word " * 20_000, max_tokens=100),
+                                                         "acompletion")
+        assert "estimate correction's ceiling" in str(err.value), str(err.value)
+        assert w.state()["inflight"] == 0
+    world(scenario)

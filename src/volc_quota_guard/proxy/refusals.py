@@ -65,8 +65,12 @@ def gate_refusal(d: Decision, least: int, now_ms: int, until_sync_s: int) -> tup
     wait = retry_after_s(d.evicted_until, now_ms, until_sync_s)
     if d.reason in ("no_snapshot", "stale_snapshot"):
         wait = until_sync_s
+    left = max(d.headroom, 0)
+    # A request that fits the headroom was refused by the ceiling bound (docs/gate.md): its
+    # prompt, counted at the correction's ceiling with those in flight, would pass the wall.
+    ceiling = " (with its prompt at the estimate correction's ceiling)" if least <= left else ""
     why = {"no_snapshot": "no quota snapshot yet", "stale_snapshot": "quota snapshot too old",
-           }.get(d.reason, f"{d.reason}, needs {least:,} tokens, {max(d.headroom, 0):,} left")
+           }.get(d.reason, f"{d.reason}, needs {least:,} tokens{ceiling}, {left:,} left")
     return why, wait
 
 
