@@ -60,6 +60,11 @@ CORRECTION_FLOOR_PPM: Mapping[Method, int] = {
     "cl100k": 1_700_000,
     "ark-api": 1_700_000,
 }
+# The most a method's count may be under Ark's, in ppm: the ceiling k can learn up to, and the
+# miscount admission holds in-flight prompts to near a wall (gate.md, "the ceiling bound").
+# An exact count is off by template and version drift only (measured under 5%): 1.5 leaves
+# ten times that. cl100k and the ark-api fallback take VQG_ESTIMATE_CORRECTION_MAX (3.0).
+CORRECTION_CEILING_PPM: Mapping[Method, int] = {"deepseek": 1_500_000}
 # A count Ark's tokenization API returned is exact text but without the chat template, which
 # Ark does not publish for Doubao: the same floor as an exact offline count, plus a per-message
 # allowance for the template (above DeepSeek's 3, as an unknown template should be).

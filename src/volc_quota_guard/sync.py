@@ -88,14 +88,14 @@ def correction_bounds(cfg: Settings, method: str) -> tuple[int, int]:
 
     cl100k and ark-api (counted cl100k for now) pools keep ``VQG_ESTIMATE_CORRECTION_MIN``;
     a DeepSeek pool, counted exactly, gets its method's floor (``counting.CORRECTION_FLOOR_PPM``,
-    1.1) whatever that setting says. The ceiling stays ``VQG_ESTIMATE_CORRECTION_MAX`` for every
-    method: it is how far k can follow Ark when a count turns out wrong (a media part bounded
-    too low, a template change), so an exact method does not lower it.
+    1.1) whatever that setting says, and its ceiling (``CORRECTION_CEILING_PPM``, 1.5) when
+    ``VQG_ESTIMATE_CORRECTION_MAX`` is higher.
     """
     start, top = cfg.correction_ppm()
     if method == "deepseek":
-        from .counting import CORRECTION_FLOOR_PPM
+        from .counting import CORRECTION_CEILING_PPM, CORRECTION_FLOOR_PPM
 
+        top = min(CORRECTION_CEILING_PPM["deepseek"], top)
         start = min(CORRECTION_FLOOR_PPM["deepseek"], top)
     return start, top
 

@@ -210,8 +210,8 @@ def test_disagreeing_rules_for_one_pool_are_a_config_error() -> None:
 
 
 def test_a_pool_carries_its_counting_method_and_the_sync_its_floor() -> None:
-    """deepseek* pools count exactly (floor 1.1), others keep VQG_ESTIMATE_CORRECTION_MIN; every
-    pool keeps VQG_ESTIMATE_CORRECTION_MAX as its ceiling; a pool
+    """deepseek* pools count exactly (floor 1.1, ceiling 1.5), others keep VQG_ESTIMATE_CORRECTION_MIN
+    and _MAX; a pool
     counted two ways is cl100k; a bad vqg_tokenizer stops startup."""
     from volc_quota_guard.config import Settings
     from volc_quota_guard.sync import correction_bounds
@@ -231,7 +231,7 @@ def test_a_pool_carries_its_counting_method_and_the_sync_its_floor() -> None:
     assert [correction_bounds(cfg, m)[0] for m in ("deepseek", "cl100k", "ark-api")] == \
         [1_100_000, 2_000_000, 2_000_000]
     assert correction_bounds(Settings(), "cl100k") == (1_700_000, 3_000_000)
-    assert correction_bounds(Settings(), "deepseek") == (1_100_000, 3_000_000)  # k can still follow Ark
+    assert correction_bounds(Settings(), "deepseek") == (1_100_000, 1_500_000)  # exact: ceiling 1.5
     low = Settings(estimate_correction_min=1.0, estimate_correction_max=1.2)
     assert correction_bounds(low, "deepseek") == (1_100_000, 1_200_000)
     with pytest.raises(ConfigError, match="vqg_tokenizer"):
