@@ -21,6 +21,10 @@ import redis
 from .keys import KeySpace
 from .store import store_errors
 
+# Delete the lock only while it is still ours (the usual Redis lock release).
+_UNLOCK = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0"""
+
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
@@ -32,6 +36,7 @@ class Records:
     def __init__(self, client: redis.Redis, keyspace: KeySpace) -> None:
         self._client = client
         self.keyspace = keyspace
+        self._unlock = client.register_script(_UNLOCK)
 
     # -- one pool's gate state, field by field ---------------------------------------------
     def state_int(self, pool: str, name: str) -> int:
@@ -66,11 +71,10 @@ class Records:
             return bool(self._client.set(self.keyspace.sync_lock(account), owner, nx=True, px=ttl_ms))
 
     def drop_sync_lock(self, account: str, owner: str) -> None:
-        """Release the lock if `owner` still holds it (it may have expired and passed on)."""
-        lock = self.keyspace.sync_lock(account)
+        """Release the lock if `owner` still holds it (it may have expired and passed on): one
+        atomic compare-and-delete, so a lock that passed on between a read and a delete stays."""
         with store_errors():
-            if self._client.get(lock) in (owner, owner.encode()):
-                self._client.delete(lock)
+            self._unlock(keys=[self.keyspace.sync_lock(account)], args=[owner])
 
     # -- the limit estimator's state ---------------------------------------------------------
     def limit_state(self, pool: str) -> Any:

@@ -166,11 +166,18 @@ class Gate:
             return None
         return {n: int(v or 0) for n, v in zip(names, vals, strict=True)}
 
+    def _reads(self) -> Any:
+        """A pipeline for plain reads of one pool's keys (one round trip; one node on a cluster)."""
+        return self.client.pipeline() if is_cluster(self.client) else self.client.pipeline(transaction=False)
+
     def status(self, pool: str) -> PoolState:
         decision = self._run("status", pool, self.args.status())
         keys = self.args.keys(pool)
-        raw = _call(lambda: self.client.hgetall(keys.state))
-        pk = _call(lambda: self.client.get(keys.packages))
+
+        pipe = self._reads()
+        pipe.hgetall(keys.state)
+        pipe.get(keys.packages)
+        raw, pk = _call(pipe.execute)
         return PoolState(pool, decision, decision.amount, _decode_fields(raw),
                          json.loads(pk) if pk else [])
 
@@ -194,19 +201,25 @@ class Gate:
 
     def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:
         """The pool's (minute, lifetime usage) entries from `since_ms` on, ascending, and the
-        usage recorded before them (the floor)."""
+        usage recorded before them (the floor). Two round trips: the sync reads it every time."""
         keys = self.args.keys(pool)
         since = since_ms // MINUTE_MS
-        found: list[Any] = _call(lambda: self.client.zrangebyscore(keys.timeline_index, since, "+inf"))
+        pipe = self._reads()
+        pipe.zrangebyscore(keys.timeline_index, since, "+inf")
+        pipe.zrevrangebyscore(keys.timeline_index, since - 1, "-inf", start=0, num=1)
+        pipe.hget(keys.state, "tl_floor")
+        found, before, floor = _call(pipe.execute)
         minutes = [int(m) for m in found]
-        values = _call(lambda: self.client.hmget(keys.timeline, minutes)) if minutes else []
-        before = _call(lambda: self.client.zrevrangebyscore(
-            keys.timeline_index, since - 1, "-inf", start=0, num=1))
-        if before:
-            minute = before[0].decode() if isinstance(before[0], bytes) else str(before[0])
-            floor = _call(lambda: self.client.hget(keys.timeline, minute))
-        else:
-            floor = _call(lambda: self.client.hget(keys.state, "tl_floor"))
+        values: list[Any] = []
+        if minutes or before:
+            pipe = self._reads()
+            if minutes:
+                pipe.hmget(keys.timeline, minutes)
+            if before:  # the last minute before `since`: its usage is the floor, not tl_floor
+                pipe.hget(keys.timeline, before[0].decode() if isinstance(before[0], bytes) else before[0])
+            answers = _call(pipe.execute)
+            values = answers[0] if minutes else []
+            floor = answers[-1] if before else floor
         return [(m, int(v or 0)) for m, v in zip(minutes, values, strict=True)], int(floor or 0)
 
     def pools(self) -> list[str]:

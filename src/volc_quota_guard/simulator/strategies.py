@@ -177,7 +177,8 @@ class GuardStrategy:
         self.scenario = scenario
         # A fresh embedded store, or a Redis server (faster) under a prefix of this run's own.
         self.store_url = store_url
-        client = connect(store_url) if store_url else fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        client = connect(store_url, single_thread=True) if store_url else fakeredis.FakeRedis(
+            server=fakeredis.FakeServer())
         self.gate = Gate(client, KeySpace(f"sim-{uuid.uuid4().hex[:12]}" if store_url else "sim"), clock)
         self.lister = LedgerLister(ledger, ACCOUNT, clock)
         self.sync = SyncService(cfg, self.gate, pools=lambda: [PoolSpec(POOL)],
@@ -197,7 +198,10 @@ class GuardStrategy:
 
     def close(self) -> None:
         if self.store_url:
-            self.gate.records.clear()
+            try:
+                self.gate.records.clear()
+            finally:
+                self.gate.client.close()  # its one connection (a fuzz run builds hundreds)
 
     # -- the sync thread --------------------------------------------------------------------
     def _poll_at(self, ms: int) -> int:
