@@ -11,6 +11,7 @@ from volc_quota_guard.clock import ManualClock, next_beijing_midnight_ms
 from volc_quota_guard.errors import GateError, StoreUnavailable
 from volc_quota_guard.gate import Gate, Snapshot
 from volc_quota_guard.gate.keys import KeySpace, pool_id
+from volc_quota_guard.gate.store import connect
 
 POOL = pool_id("acct-a", "deepseek-v4-flash-ga-260731")
 T0 = 1_786_600_000_000  # 2026-08-13 13:46 Beijing
@@ -188,7 +189,7 @@ def test_server_time_is_used_when_no_clock_is_injected(client, keyspace):
 
 def test_unreachable_store_raises_store_unavailable(keyspace):
     """A dead Redis is one clear exception, not a redis-py traceback."""
-    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    dead = connect("redis://127.0.0.1:1/0")  # the guard's client (no 10 retries with backoff)
     with pytest.raises(StoreUnavailable, match="unreachable"):
         Gate(dead, keyspace).reserve(POOL, "a", 1)
 

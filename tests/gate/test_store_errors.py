@@ -13,7 +13,7 @@ from redis.exceptions import MovedError
 
 from volc_quota_guard.errors import StoreUnavailable
 from volc_quota_guard.gate import Gate, KeySpace, values
-from volc_quota_guard.gate.store import amapped, store_errors
+from volc_quota_guard.gate.store import amapped, connect, store_errors
 
 FAILURES = [
     redis.ConnectionError("Error 111 connecting"),
@@ -50,7 +50,9 @@ def test_the_async_path_maps_the_same():
 
 def test_side_records_of_an_unreachable_store_raise_store_unavailable():
     """Every side record the sync and the consume task use fails as StoreUnavailable."""
-    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens
+    # Nothing listens on port 1; the guard's own client (a plain redis.Redis retries 10 times
+    # with backoff: 4 s a call).
+    client = connect("redis://127.0.0.1:1/0")
     records = Gate(client, KeySpace("vqgtest-down")).records
     calls = [
         lambda: records.sync_meta("acct"),
