@@ -259,9 +259,12 @@ class SyncService:
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
         # lower bound stays a lower bound when its search starts later).
         lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * MINUTE_MS)
-        minutes, floor = self.gate.timeline(pool, now - max(TIMELINE_WINDOW_MS, lag + QUIET_MS))
-        usage = UsageView(tuple(minutes), floor, lifetime_usage=status.get("ucum"),
-                          inflight=status.get("inflight"))
+        since = now - max(TIMELINE_WINDOW_MS, lag + QUIET_MS)
+        entries, floor = self.gate.timeline_entries(pool, since)
+        usage = UsageView(tuple((m, used) for m, used, _ in entries), floor,
+                          lifetime_usage=status.get("ucum"), inflight=status.get("inflight"),
+                          since_ms=since // MINUTE_MS * MINUTE_MS,
+                          unsure=tuple(unsure for _, _, unsure in entries))
         result = compute_limit(
             now_ms=now, packages=views, usage=usage, state=state,
             lag_floor_ms=cfg.lag_floor_minutes * MINUTE_MS, small_buffer=cfg.small_buffer,

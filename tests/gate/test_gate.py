@@ -175,6 +175,24 @@ def test_timeline_gives_usage_as_of_an_earlier_minute(gate, clock):
     assert gate.usage_at(POOL, clock.now_ms()) == 3_000
 
 
+def test_timeline_marks_usage_counted_without_a_measurement(gate, clock):
+    """A reservation kept whole (no usage reported) or expired is counted, and marked unsure in
+    the timeline: the lag observer reads only what surely ran (limit.UsageView.first_above)."""
+    gate.install_snapshot(POOL, snap(clock, minutes=120))
+    gate.reserve(POOL, "kept", 5_000)
+    gate.settle(POOL, "kept", None)
+    gate.reserve(POOL, "measured", 5_000)
+    gate.settle(POOL, "measured", 1_200)
+    gate.reserve(POOL, "lost", 3_000, ttl_ms=60_000)
+    clock.advance(2 * 60_000)
+    gate.status(POOL)  # the sweep counts the lost request's reservation
+    entries, floor = gate.timeline_entries(POOL, T0 - 60_000)
+    assert floor == 0
+    assert [(used, unsure) for _, used, unsure in entries] == [(6_200, 5_000), (9_200, 8_000)]
+    assert gate.timeline(POOL, T0 - 60_000)[0] == [(m, used) for m, used, _ in entries]
+    assert gate.usage_at(POOL, clock.now_ms() + 60_000) == 9_200  # usage_at parses the entries too
+
+
 def test_server_time_is_used_when_no_clock_is_injected(client, keyspace):
     """Without an injected clock the scripts read Redis TIME, so deadlines are server-based."""
     gate = Gate(client, keyspace)

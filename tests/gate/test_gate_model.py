@@ -28,7 +28,8 @@ START = 1_786_636_800_000 - 40 * 60_000  # 2026-08-13 23:20 Beijing: a rollover 
 STATE_FIELDS = ["balance", "settled", "expiring", "buffer", "cap", "valid_until", "ucum", "day",
                 "day_usage", "prev_day_usage", "inflight", "overruns", "expired_count",
                 "evicted_until", "tl_floor", "snap_seq", "corr", "corr_at", "corr_n", "corr_min",
-                "corr_max", "inflight_est", "inflight_est_res"]
+                "corr_max", "inflight_est", "inflight_est_res", "dr_day", "dr_chain", "dr_from",
+                "dr_best", "dr_ucum", "unsure"]
 
 amounts = st.integers(min_value=1, max_value=200_000)
 bad_amounts = st.sampled_from([-1, 0, 1.5, 10**12, "12abc", ""])
@@ -87,12 +88,20 @@ class GateVersusModel(RuleBasedStateMachine):
           settled=st.integers(0, 3_000_000), expiring=st.integers(0, 300_000),
           buffer=st.integers(0, 100_000), cap=st.integers(1, 2_500_000),
           validity_min=st.integers(5, 600), evict_below=st.integers(0, 5_000),
-          corr_min=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM))
+          corr_min=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM),
+          day=st.none() | st.tuples(st.none() | st.integers(0, 3_000_000),
+                                    st.integers(0, 2 * 86_400_000), st.none() | st.floats(0.0, 1.0)))
     def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below,
-                 corr_min, corr_extra):
+                 corr_min, corr_extra, day=None):
+        # The day's count: the API's step since a sync up to two days back, and a lifetime
+        # usage counted a reconcile lag ago (up to today's).
+        step, since_ago, from_frac = day if day is not None else (None, 0, None)
+        p = self.model.pools.get(pool)
         snap = Snapshot(balance, settled, expiring, buffer, cap,
                         self.now + validity_min * 60_000, evict_below,
-                        correction_min_ppm=corr_min, correction_max_ppm=corr_min + corr_extra)
+                        correction_min_ppm=corr_min, correction_max_ppm=corr_min + corr_extra,
+                        day_step=step, day_since_ms=max(0, self.now - since_ago),
+                        day_from=None if from_frac is None else int((p.ucum if p else 0) * from_frac))
         self.both(lambda: self.gate.install_snapshot(pool, snap),
                   lambda: self.model.install_snapshot(pool, snap, self.now))
         self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh

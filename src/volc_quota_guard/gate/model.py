@@ -64,6 +64,12 @@ class PoolModel:
     corr_max: int = 3 * PPM
     inflight_est: int = 0
     inflight_est_res: int = 0
+    dr_day: int = 0  # today's count reconciled from the billing API (snapshot.lua)
+    dr_chain: int = 0
+    dr_from: int = 0
+    dr_best: int = 0
+    dr_ucum: int = 0
+    unsure: int = 0  # lifetime usage counted without a measurement
     k: int = PPM  # the correction now (derived, not stored)
     reservations: dict[str, Held] = field(default_factory=dict)
     resolved: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # id -> (how, counted, at)
@@ -93,9 +99,15 @@ class PoolModel:
         return (corrected(self.inflight_est + est, self.corr_max)
                 - (self.inflight_est_res + est_res) - self.margin())
 
+    def day_count(self) -> int:
+        """Today's usage as the daily cap counts it: ours, or less where the API showed less."""
+        if self.dr_day != self.day:
+            return self.day_usage
+        return min(self.day_usage, self.dr_best + max(0, self.ucum - self.dr_ucum))
+
     def headrooms(self) -> tuple[int, int]:
         return (self.balance_wall() - (self.ucum + self.held()),
-                self.cap - (self.day_usage + self.held()))
+                self.cap - (self.day_count() + self.held()))
 
     # -- the estimate correction ---------------------------------------------------------------
     def decayed_peak(self, now: int) -> int:
@@ -127,11 +139,12 @@ class PoolModel:
         return h
 
     # -- housekeeping ------------------------------------------------------------------------
-    def add_usage(self, n: int, now: int) -> None:
+    def add_usage(self, n: int, now: int, unsure: bool = False) -> None:
         if n <= 0:
             return
         self.ucum += n
         self.day_usage += n
+        self.unsure += n if unsure else 0
         self.timeline[now // 60_000] = self.ucum
 
     def resolve(self, rid: str, how: str, counted: int, now: int) -> None:
@@ -146,7 +159,7 @@ class PoolModel:
         due = sorted((h.deadline, rid) for rid, h in self.reservations.items() if h.deadline <= now)
         for _, rid in due[:SWEEP_LIMIT]:
             amount = self.unreserve(rid).amount
-            self.add_usage(amount, now)
+            self.add_usage(amount, now, unsure=True)
             self.resolve(rid, "expired", amount, now)
             self.expired_count += 1
         cutoff = now - RESOLVED_MS
@@ -171,7 +184,7 @@ class PoolModel:
                input_reserved: int = 0) -> Decision:
         hb, hc = self.headrooms()
         return Decision(status, reason, amount, min(hb, hc), self.ucum + self.held(),
-                        self.balance_wall(), self.day_usage + self.held(), self.cap,
+                        self.balance_wall(), self.day_count() + self.held(), self.cap,
                         self.inflight, self.evicted_until, overrun, self.balance, input_reserved,
                         self.k)
 
@@ -251,7 +264,7 @@ class GateModel:
             counted = h.amount if actual is None else actual
             above = counted > h.amount
             reason = "settled"
-            p.add_usage(counted, now)
+            p.add_usage(counted, now, unsure=actual is None)
             p.resolve(rid, "settled", counted, now)
             if measured_input is not None and actual is not None:
                 p.observe(h.est, measured_input, now)
@@ -304,6 +317,9 @@ class GateModel:
         if not (_is_int(s.correction_max_ppm, PPM, 100 * PPM)
                 and _is_int(s.correction_min_ppm, PPM, s.correction_max_ppm)):
             raise GateError("bad_amount", "correction: 1e6 <= min <= max <= 1e8 ppm")
+        if not all(v is None or _is_int(v, 0, hi) for v, hi in (
+                (s.day_step, MAX_AMOUNT), (s.day_since_ms, MAX_TIME), (s.day_from, MAX_AMOUNT))):
+            raise GateError("bad_amount", "day reconcile: step, since and from must be non-negative integers")
         p = self.pools.get(pool)
         if p is None:
             p = self.pools[pool] = PoolModel(day=beijing_day(now))
@@ -315,6 +331,15 @@ class GateModel:
         p.snap_seq += 1
         p.corr_min, p.corr_max = s.correction_min_ppm, s.correction_max_ppm
         p.k = p.correction(now)
+        counted = p.day_count()
+        known_from = p.dr_from if s.day_from is None else s.day_from
+        if s.day_step is not None and p.dr_day == p.day:
+            p.dr_chain, p.dr_from = p.dr_chain + s.day_step, known_from
+        elif s.day_step is not None and 0 < s.day_since_ms and beijing_day(s.day_since_ms) < p.day:
+            p.dr_day, p.dr_chain, p.dr_from = p.day, s.day_step, known_from
+        else:
+            p.dr_day, p.dr_chain, p.dr_from = p.day, p.day_usage + p.inflight, p.ucum
+        p.dr_best, p.dr_ucum = min(counted, p.dr_chain + max(0, p.ucum - p.dr_from)), p.ucum
         p.update_eviction()
         return p.answer("ok", "installed", 0)
 

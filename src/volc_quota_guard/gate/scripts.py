@@ -94,13 +94,25 @@ class _Args:
                 _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
                 json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm),
                 _num(s.hold_until_ms) if s.hold_until_ms else "", _num(s.hold_cap),
-                _num(s.unseen_day_tokens)]
+                _num(s.unseen_day_tokens), *_day_args(s)]
 
     def recover(self, generation: int, day: int, seen_today: int) -> list[str]:
         return [_now_arg(self.clock), _num(generation), _num(day), _num(seen_today)]
 
     def status(self) -> list[str]:
         return [_now_arg(self.clock)]
+
+
+def _day_args(s: Snapshot) -> list[str]:
+    return ["" if s.day_step is None else _num(s.day_step), _num(s.day_since_ms),
+            "" if s.day_from is None else _num(s.day_from)]
+
+
+def _tl_value(raw: Any) -> tuple[int, int]:
+    """A timeline minute's "lifetime usage:of it unsure" (older entries: just the usage)."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw or "0")
+    used, _, unsure = text.partition(":")
+    return int(used or 0), int(unsure or 0)
 
 
 def _minute_before(ms: int) -> int:
@@ -181,7 +193,7 @@ class Gate:
             keys.timeline_index, _minute_before(ms), "-inf", start=0, num=1))
         if found:
             minute: str = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
-            return int(_call(lambda: self.client.hget(keys.timeline, minute)) or 0)
+            return _tl_value(_call(lambda: self.client.hget(keys.timeline, minute)))[0]
         return int(_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
 
     def now_ms(self) -> int:
@@ -195,6 +207,11 @@ class Gate:
     def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:
         """The pool's (minute, lifetime usage) entries from `since_ms` on, ascending, and the
         usage recorded before them (the floor)."""
+        entries, floor = self.timeline_entries(pool, since_ms)
+        return [(m, used) for m, used, _ in entries], floor
+
+    def timeline_entries(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int, int]], int]:
+        """As `timeline`, each entry with the lifetime usage of it counted unmeasured."""
         keys = self.args.keys(pool)
         since = since_ms // MINUTE_MS
         found: list[Any] = _call(lambda: self.client.zrangebyscore(keys.timeline_index, since, "+inf"))
@@ -204,10 +221,10 @@ class Gate:
             keys.timeline_index, since - 1, "-inf", start=0, num=1))
         if before:
             minute = before[0].decode() if isinstance(before[0], bytes) else str(before[0])
-            floor = _call(lambda: self.client.hget(keys.timeline, minute))
+            floor = _tl_value(_call(lambda: self.client.hget(keys.timeline, minute)))[0]
         else:
-            floor = _call(lambda: self.client.hget(keys.state, "tl_floor"))
-        return [(m, int(v or 0)) for m, v in zip(minutes, values, strict=True)], int(floor or 0)
+            floor = int(_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
+        return [(m, *_tl_value(v)) for m, v in zip(minutes, values, strict=True)], floor
 
     def pools(self) -> list[str]:
         members = _call(lambda: self.client.smembers(self.args.keyspace.pools_index()))

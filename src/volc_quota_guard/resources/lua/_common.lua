@@ -49,7 +49,15 @@ local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buf
   -- lifetime usage under hold_cap until a snapshot without one; hist_lost = a process saw the
   -- previous generation (lost state, not a first start). On the Beijing day day_lost the daily
   -- cap is lowered by day_margin: usage of that day the guard did not see.
-  'hist_at', 'hist_lost', 'hold_until', 'hold_cap', 'day_lost', 'day_margin'}
+  'hist_at', 'hist_lost', 'hold_until', 'hold_cap', 'day_lost', 'day_margin',
+  -- Today's count reconciled from the billing API (snapshot.lua): on Beijing day dr_day, today's
+  -- usage up to the API's settled-through point is at most dr_chain, what came later at most what
+  -- the guard counted since its lifetime usage was dr_from; the lowest such bound a sync found,
+  -- dr_best at lifetime usage dr_ucum, is what the cap counts (plus what was counted since).
+  'dr_day', 'dr_chain', 'dr_from', 'dr_best', 'dr_ucum',
+  -- Lifetime usage counted without a measurement (a reservation kept whole: usage missing, or
+  -- expired): the timeline carries it so the lag observer can read what surely ran.
+  'unsure'}
 
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
@@ -121,12 +129,16 @@ local function roll_day(st, now)
   end
 end
 
-local function add_usage(st, n, now)
+-- A timeline minute: "lifetime usage:of it unsure" (older entries: just the usage).
+local function tl_usage(v) return tonumber(string.match(v or '', '^(%d+)')) or 0 end
+
+local function add_usage(st, n, now, unsure)
   if n <= 0 then return end
   st.ucum = st.ucum + n
   st.day_usage = st.day_usage + n
+  if unsure then st.unsure = st.unsure + n end
   local minute = math.floor(now / 60000)
-  redis.call('HSET', K_TL, minute, string.format('%d', st.ucum))
+  redis.call('HSET', K_TL, minute, string.format('%d:%d', st.ucum, st.unsure))
   redis.call('ZADD', K_TL_IDX, minute, minute)
 end
 
@@ -145,7 +157,7 @@ local function sweep(st, now)
       local amount, _, est, est_res = parse_res(rec)
       redis.call('HDEL', K_RES, id)
       unreserve(st, amount, est, est_res)
-      add_usage(st, amount, now)
+      add_usage(st, amount, now, true)
       resolve(id, 'expired', amount, now)
       st.expired_count = st.expired_count + 1
     end
@@ -161,7 +173,7 @@ local function trim(st, now)
   local minutes = redis.call('ZRANGEBYSCORE', K_TL_IDX, '-inf', math.floor((now - TIMELINE_MS) / 60000),
     'LIMIT', 0, TRIM_LIMIT)
   for _, m in ipairs(minutes) do
-    local u = tonumber(redis.call('HGET', K_TL, m)) or 0
+    local u = tl_usage(redis.call('HGET', K_TL, m))
     if u > st.tl_floor then st.tl_floor = u end
     redis.call('HDEL', K_TL, m)
     redis.call('ZREM', K_TL_IDX, m)
@@ -188,6 +200,13 @@ local function day_cap(st)
   return st.cap
 end
 
+-- Today's usage as the daily cap counts it: the guard's own count, or less where the billing
+-- API showed the day used less (usage the guard kept whole because it was never reported).
+local function day_count(st)
+  if st.dr_day ~= st.day then return st.day_usage end
+  return math.min(st.day_usage, st.dr_best + math.max(0, st.ucum - st.dr_ucum))
+end
+
 -- In-flight requests reserved with a k lower than today's may each use that much more input.
 local function margin(st)
   return math.max(0, corrected(st.inflight_est, st.k) - st.inflight_est_res)
@@ -201,7 +220,7 @@ end
 
 local function headrooms(st)
   local held = st.inflight + margin(st)
-  return wall_balance(st) - (st.ucum + held), day_cap(st) - (st.day_usage + held)
+  return wall_balance(st) - (st.ucum + held), day_cap(st) - (day_count(st) + held)
 end
 
 -- Soft-evict: a pool with less headroom than evict_below leaves routing until the next
@@ -221,6 +240,6 @@ local function answer(st, status, reason, amount, overrun, input_reserved)
   local hb, hc = headrooms(st)
   local held = st.inflight + margin(st)
   return {status, reason, amount, math.min(hb, hc), st.ucum + held, wall_balance(st),
-    st.day_usage + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
+    day_count(st) + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
     input_reserved or 0, st.k or PPM}
 end

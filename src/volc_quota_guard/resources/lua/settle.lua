@@ -29,7 +29,7 @@ if live then
   counted = actual or reserved
   above = counted > reserved
   reason = 'settled'
-  add_usage(st, counted, now)
+  add_usage(st, counted, now, actual == nil)
   resolve(id, 'settled', counted, now)
   if measured and actual then observe(st, est, measured, now) end
 elseif done then
