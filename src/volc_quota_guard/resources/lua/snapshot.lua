@@ -46,7 +46,7 @@ st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been
 st.snap_seq = st.snap_seq + 1
 st.hold_until, st.hold_cap = hold_until, hold_cap
 st.corr_min, st.corr_max = corr_min, corr_max
-st.k = correction(st, now)
+st.k, st.kx = correction(st, now), xcorrection(st, now)
 update_eviction(st)
 save(st)
 redis.call('SET', KEYS[8], ARGV[9] or '[]')
