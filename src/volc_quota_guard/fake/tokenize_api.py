@@ -2,8 +2,10 @@
 
 Body ``{"model": m, "text": str | [str]}``, Bearer API key of a known account; answers
 ``{"object": "list", "data": [{"object": "tokenization", "index": i, "total_tokens": n,
-"token_ids": [...], "offset_mapping": [...]}, ...]}`` as Ark does, counting with the
-DeepSeek-V4 tokenizer (deterministic and real; Ark's Doubao tokenizer is not public).
+"token_ids": [...], "offset_mapping": [...]}, ...]}`` as Ark does, counting with the fake's hidden Doubao
+tokenizer (``ark_api.doubao_tokens``: the DeepSeek-V4 tokenizer's count, deterministic and real;
+Ark's own is not public), the one the fake bills Doubao prompts with (text only: billing adds a
+template and drift this endpoint does not show).
 
 Faults, per fake, for the client's fallback tests::
 
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .ark_api import openai_error
+from .ark_api import doubao_tokens, openai_error
 from .billing_api import Reply, json_reply
 from .state import FakeState
 
@@ -74,11 +76,9 @@ def handle_tokenize(state: FakeState, header: Callable[[str], str | None], body:
         return openai_error(400, str(exc))
     if control.mode == "wrong":
         return json_reply(200, {"object": "list", "data": [{"index": 0}]})
-    from .. import counting  # here: importing it loads LiteLLM, which the fake's start need not wait for
-
     data = []
     for i, text in enumerate(texts):
-        n = counting.deepseek_tokens(text)
+        n = doubao_tokens(text)  # imports counting (LiteLLM) on first use, not at the fake's start
         data.append({"object": "tokenization", "index": i, "total_tokens": n,
                      "token_ids": [], "offset_mapping": []})
     return json_reply(200, {"object": "list", "id": f"tok-{control.calls}",
