@@ -25,9 +25,9 @@ Chat billing rules:
   each message's text and other fields (JSON) and the tools' JSON, then a chat template and a
   version drift the tokenization API does not show: +``DOUBAO_TEMPLATE_PER_MESSAGE`` per message
   (and once for the tools) and +4% (``DOUBAO_DRIFT_PPM``); ``doubao_control(fake)`` changes
-  both for one fake. ``prompt=`` (or the ``prompt_tokens`` default) replaces only this text count. Media is added on top: images by
-  Ark's formula (``media.py``), each video/audio/file part ``media=`` tokens (default
-  ``media_tokens``, 200,000). An unknown content part type is a 400.
+  both for one fake. ``prompt=`` (or the ``prompt_tokens`` default) replaces only this text
+  count. Media is added on top: images by Ark's formula (``media.py``), each video/audio/file
+  part ``media=`` tokens (default ``media_tokens``, 200,000). An unknown content part type is a 400.
 - **Thinking** is on unless the request switches it off: ``thinking: {"type": "disabled"}``
   or ``reasoning_effort: "minimal"``, with no switch asking for it (``thinking.type``
   ``enabled``/``auto`` or an effort other than ``minimal`` win over an off switch). When on,

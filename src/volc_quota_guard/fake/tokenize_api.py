@@ -14,6 +14,7 @@ Faults, per fake, for the client's fallback tests::
     control.mode = "hang"      # answer after `control.hang_s` seconds (past any client timeout)
     control.mode = "garbage"   # 200 with a body that is not JSON
     control.mode = "wrong"     # 200, JSON, but no total_tokens
+    control.mode = "denied"    # HTTP 401, as for a key the tokenization API does not accept
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .billing_api import Reply, json_reply
 from .state import FakeState
 
 TOKENIZE_PATHS = ("/api/v3/tokenization",)
-Mode = Literal["ok", "error", "hang", "garbage", "wrong"]
+Mode = Literal["ok", "error", "hang", "garbage", "wrong", "denied"]
 
 
 @dataclass
@@ -56,7 +57,7 @@ def handle_tokenize(state: FakeState, header: Callable[[str], str | None], body:
     control = tokenize_control(state)
     control.calls += 1
     bearer = (header("authorization") or "").removeprefix("Bearer ").strip()
-    if not bearer or state.account_by_api_key(bearer) is None:
+    if not bearer or state.account_by_api_key(bearer) is None or control.mode == "denied":
         return openai_error(401, "The API key in the request is missing or invalid.")
     if control.mode == "error":
         return openai_error(500, "The service encountered an unexpected internal error.")

@@ -44,7 +44,8 @@ class Held:
         """A reservation record as the Lua writes it: `amount:deadline:est:est_res[:x]`."""
         parts = record.split(":")
         exact = len(parts) == 5 and parts[4] == "x"
-        return cls(*map(int, parts[:4]), exact=exact)  # type: ignore[arg-type]
+        amount, deadline, est, est_res = (int(v) for v in parts[:4])
+        return cls(amount, deadline, est, est_res, exact)
 
 
 @dataclass
