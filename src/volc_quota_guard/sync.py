@@ -86,7 +86,8 @@ class SyncOutcome:
 def correction_bounds(cfg: Settings, method: str) -> tuple[int, int]:
     """The estimate correction's (floor, bound) in ppm for a pool counted by ``method``.
 
-    cl100k and ark-api (counted cl100k for now) pools keep ``VQG_ESTIMATE_CORRECTION_MIN``;
+    cl100k and ark-api pools keep ``VQG_ESTIMATE_CORRECTION_MIN`` (an ark-api exact count has its
+    own floor in the gate, 1.1);
     a DeepSeek pool, counted exactly, gets its method's floor (``counting.CORRECTION_FLOOR_PPM``,
     1.1) whatever that setting says, and its ceiling (``CORRECTION_CEILING_PPM``, 1.5) when
     ``VQG_ESTIMATE_CORRECTION_MAX`` is higher.

@@ -79,9 +79,9 @@ class _Args:
         return self.keyspace.pool(pool)
 
     def reserve(self, request_id: str, wanted: int, least: int | None, ttl_ms: int,
-                input_tokens: int) -> list[str]:
+                input_tokens: int, exact: bool = False) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(wanted), _num(wanted if least is None else least),
-                _num(ttl_ms), _num(input_tokens)]
+                _num(ttl_ms), _num(input_tokens), "exact" if exact else ""]
 
     def settle(self, request_id: str, actual: int | None, measured_input: int | None) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(actual), _num(measured_input)]
@@ -135,14 +135,16 @@ class Gate:
         return _parse(_call(lambda: self._scripts[verb](keys=keys, args=args)))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
+                ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
         """Reserve up to `wanted` tokens (at least `least`) for `request_id`, or refuse.
 
         `input_tokens` is the tokenizer's part of both amounts: it is reserved times the pool's
         estimate correction (`Decision.input_reserved`), so the grant may exceed `wanted`.
+        `exact`: the count is exact (Ark's tokenization API): reserved times the exact class's
+        own correction kx (floor 1.1) and held to the exact miscount ceiling (1.5).
         """
         return self._run("reserve", pool,
-                         self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens))
+                         self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens, exact))
 
     def settle(self, pool: str, request_id: str, actual: int | None,
                measured_input: int | None = None) -> Decision:
@@ -246,9 +248,9 @@ class AsyncGate:
         return _parse(await _acall(lambda: self._scripts[verb](keys=keys, args=args)))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                      ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
-        return await self._run("reserve", pool,
-                               self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens))
+                      ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
+        return await self._run("reserve", pool, self.args.reserve(
+            request_id, wanted, least, ttl_ms, input_tokens, exact))
 
     async def settle(self, pool: str, request_id: str, actual: int | None,
                      measured_input: int | None = None) -> Decision:

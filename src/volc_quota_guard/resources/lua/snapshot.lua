@@ -59,7 +59,7 @@ st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been
 st.snap_seq = st.snap_seq + 1
 st.hold_until, st.hold_cap = hold_until, hold_cap
 st.corr_min, st.corr_max = corr_min, corr_max
-st.k = correction(st, now)
+st.k, st.kx = correction(st, now), xcorrection(st, now)
 -- Today's count (day_count): the chain of what the API settled, from a sync before midnight
 -- (nothing of today before it) or from a sync of today whose own count bounds what came before.
 -- Each sync's bound (the chain + what was counted since `from`) can only lower the count.
