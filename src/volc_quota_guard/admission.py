@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import counting, estimate, media
@@ -121,6 +121,28 @@ def upstream_view(params: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
+class ExactCounts:
+    """Exact per-text counts for an "ark-api" deployment (Ark's tokenization API, text only).
+
+    Sizing runs twice with it: first collecting (no counts: every text the count needs is noted
+    in `texts` and counts 0), then with Ark's count of each of those texts. A text it was not
+    given counts as its UTF-8 bytes (a token is at least a byte), never as 0.
+    """
+
+    def __init__(self, counts: Mapping[str, int] | None = None) -> None:
+        self.counts = counts
+        self.texts: list[str] = []
+
+    def __call__(self, text: str) -> int:
+        if not text:
+            return 0
+        if self.counts is None:
+            self.texts.append(text)
+            return 0
+        found = self.counts.get(text)
+        return found if found is not None else len(text.encode("utf-8", "surrogatepass"))
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a deployment allows: from its ``model_info`` and the guard's settings."""
@@ -132,6 +154,8 @@ class Limits:
     context_window: int | None = None  # for a stored conversation the guard never saw
     media_part_tokens: int | None = None  # the operator's bound per video / audio / file part
     method: counting.Method = "cl100k"  # how prompts are counted (counting.method_for)
+    # "ark-api" only: count text with Ark's tokenization API's counts (the hook's exact path)
+    exact: ExactCounts | None = field(default=None, compare=False)
 
 
 def limits_for(model_info: Mapping[str, Any], upstream_model: str, *, default_output: int,
@@ -383,13 +407,25 @@ def count_input(view: Mapping[str, Any], route: Route, limits: Limits) -> int:
     return max(total, 1)
 
 
-def _count_chat(method: counting.Method, messages: list[dict[str, Any]], tools: list[Any] | None) -> int:
+def _count_chat(limits: Limits, messages: list[dict[str, Any]], tools: list[Any] | None) -> int:
     """Text-only chat messages (and tools) by the deployment's method, template included."""
+    method = limits.method
+    if limits.exact is not None:  # Ark's count of each text + a template allowance per message
+        exact = limits.exact
+        total = counting.ARK_API_MESSAGE_TOKENS * (len(messages) + (1 if tools else 0))
+        for msg in messages:
+            total += exact(msg.get("content") or "")
+            rest = {k: v for k, v in msg.items() if k not in ("role", "content")}
+            if rest:
+                total += exact(json.dumps(rest, ensure_ascii=False, default=str))
+        if tools:
+            total += exact(json.dumps(tools, ensure_ascii=False, default=str))
+        return total
     if method == "deepseek":  # exact, plus the bytes of whatever the template does not render
         return counting.count_chat(method, list[Mapping[str, Any]](messages), tools, cached=True) + \
             sum(_byte_bound(rest) for rest in map(_unrendered, messages) if rest) + \
             EXACT_DRIFT_TOKENS * len(messages)
-    return estimate.count_chat(messages, tools)  # cl100k; "ark-api" counts cl100k for now
+    return estimate.count_chat(messages, tools)  # cl100k; "ark-api" without Ark's counts
 
 
 def _unrendered(msg: Mapping[str, Any]) -> dict[str, Any]:
@@ -407,8 +443,10 @@ def _unrendered(msg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in msg.items() if k not in rendered}
 
 
-def _count_text(method: counting.Method, text: str) -> int:
-    return counting.deepseek_tokens_cached(text) if method == "deepseek" else estimate.count_text(text)
+def _count_text(limits: Limits, text: str) -> int:
+    if limits.exact is not None:
+        return limits.exact(text)
+    return counting.deepseek_tokens_cached(text) if limits.method == "deepseek" else estimate.count_text(text)
 
 
 def _byte_bound(obj: object) -> int:
@@ -427,7 +465,7 @@ def _messages(messages: list[Any], tools: object, limits: Limits) -> int:
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("tools", "tools must be a list")
     try:
-        counted = _count_chat(limits.method, plain, tools or None)
+        counted = _count_chat(limits, plain, tools or None)
     except Exception:  # noqa: BLE001  odd message fields: their bytes bound their tokens
         counted = _byte_bound(plain) + _byte_bound(tools or [])
     return counted + media_tokens
@@ -490,12 +528,12 @@ def _residue(part: Mapping[str, Any], known: tuple[str, ...]) -> str:
 def _text_field(name: str, value: object, limits: Limits) -> int:
     """A Responses / embeddings / Anthropic text field: a string, strings, or items with content."""
     if isinstance(value, str):
-        return _count_text(limits.method, value)
+        return _count_text(limits, value)
     if isinstance(value, list):
         total = 0
         for i, item in enumerate(value):
             if isinstance(item, str):
-                total += _count_text(limits.method, item)
+                total += _count_text(limits, item)
             elif isinstance(item, int) and not isinstance(item, bool):
                 total += 1  # a token id
             elif isinstance(item, list) and all(isinstance(t, int) for t in item):
@@ -517,11 +555,11 @@ def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
                                     "cannot size; send the content itself")
     if isinstance(kind, str) and kind in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
         text, tokens = _parts([item], where, limits)
-        return estimate.count_text(text) + tokens
+        return _count_text(limits, text) + tokens
     if content is not None or kind in (None, "message"):
         text, tokens = _parts(content, f"{where}.content", limits)
         rest = {k: v for k, v in item.items() if k not in ("content", "type", "role")}
-        return _count_text(limits.method, text) + tokens + (_byte_bound(rest) if rest else 0)
+        return _count_text(limits, text) + tokens + (_byte_bound(rest) if rest else 0)
     return _byte_bound(item)
 
 

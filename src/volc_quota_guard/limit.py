@@ -48,6 +48,9 @@ LAG_MEMORY_MS = 7 * 86_400_000  # observed lags are remembered a week
 LAG_MARGIN = 1.25  # Δ_assumed = worst observed × margin + 2 min
 LAG_PAD_MS = 2 * MINUTE_MS
 LAG_BELIEVABLE_MS = 4 * 60 * MINUTE_MS  # a longer "lag" is a broken anchor, not a lag
+# The day's count trusts the API to have settled everything older than Δ_assumed plus this: the
+# daily cap has no SMALL_BUFFER to absorb a lag longer than assumed (the floor's 20 min -> 1 h).
+DAY_LAG_PAD_MS = 40 * MINUTE_MS
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,14 @@ class UsageView:
     floor: int  # usage recorded before the first minute in `minutes`
     lifetime_usage: int
     inflight: int
+    since_ms: int = 0  # where the read began: before it, `floor` is not a lower bound
+    # Lifetime usage counted without a measurement at each of `minutes` (aligned); what
+    # surely ran (usage less unsure) is what the lag observer compares with the API.
+    unsure: tuple[int, ...] = ()
+
+    def usage_before(self, ms: int) -> int | None:
+        """`usage_at(ms)`, or None where the read does not reach back to `ms`."""
+        return self.usage_at(ms) if ms >= self.since_ms else None
 
     def usage_at(self, ms: int) -> int:
         """Usage recorded up to the last complete minute before `ms` (never more than at `ms`)."""
@@ -117,9 +128,11 @@ class UsageView:
         return self.minutes[i - 1][1] if i else self.floor
 
     def first_above(self, tokens: int, since_ms: int) -> int | None:
-        """End (ms) of the first minute from `since_ms` whose usage exceeds `tokens`."""
-        for minute, used in self.minutes:
-            if minute >= since_ms // MINUTE_MS and used > tokens:
+        """End (ms) of the first minute from `since_ms` whose surely-run usage (measured, not a
+        reservation kept whole) exceeds `tokens`: the API cannot have settled it yet."""
+        for i, (minute, used) in enumerate(self.minutes):
+            sure = used - (self.unsure[i] if i < len(self.unsure) else 0)
+            if minute >= since_ms // MINUTE_MS and sure > tokens:
                 return (minute + 1) * MINUTE_MS
         return None
 
@@ -173,6 +186,7 @@ def compute_limit(
         # what was learned about the API's lag still holds.
         state = LimitState(lags=state.lags, generation=history_start_ms)
     before = dict(state.packages)
+    previous = (before, state.gone, state.last_sync_ms)
     ran_dry = any(before.get(p.instance_no, 0) > 0 and p.available == 0 for p in packages)
     state = _follow_package_changes(state, packages, notes)
     if balance == 0 and (ran_dry or state.billing_since_ms):
@@ -234,13 +248,66 @@ def compute_limit(
     # taken off now. FIFO means our own use eats those first, so this only ever errs safe.
     expiring = sum(p.available for p in packages
                    if p.expires_ms is not None and p.expires_ms <= valid_until)
+    step, counted_from = day_step(now_ms, packages, usage, *previous, lag_ms=lag,
+                                  history_start_ms=history_start_ms)
     snapshot = Snapshot(balance=balance, settled_usage=settled_usage, expiring=expiring,
                         small_buffer=small_buffer, daily_cap=daily_cap,
                         valid_until_ms=valid_until, evict_below=evict_below,
-                        hold_until_ms=held_until, hold_cap=cold_start_admit if held_until else 0)
+                        hold_until_ms=held_until, hold_cap=cold_start_admit if held_until else 0,
+                        day_step=step, day_since_ms=previous[2], day_from=counted_from)
     return LimitResult(snapshot, state, balance, settled_usage, free_total, lag, observed,
                        expiring, external, notes, held_until_ms=held_until,
                        history_start_ms=history_start_ms)
+
+
+def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,
+             before: Mapping[str, int], gone: Sequence[str], previous_ms: int, *, lag_ms: int,
+             history_start_ms: int) -> tuple[int | None, int | None]:
+    """The day's count (docs/limit.md): the most the API can have settled since the previous
+    sync, and our lifetime usage Δ_assumed + DAY_LAG_PAD_MS ago; either None when unknown.
+
+    The gate chains the steps into an upper bound of today's consumption up to the API's
+    settled-through point and adds what we counted since the second number (everything the
+    API may not show yet), so usage we kept whole because nobody reported it (missing usage,
+    expired reservations) leaves the daily cap's count once the API shows the day used less.
+    A step is the lower of two bounds: per package, what it lost (a new one: its size less what
+    is left; one that left the list: all it last showed, expired or not), and what we counted
+    in the window the two settled-through points can lie in, plus what is in flight.
+    """
+    reconcile = lag_ms + DAY_LAG_PAD_MS
+
+    def ours_since(ms: int) -> int | None:
+        # Our count from `ms` on is a bound only where our history and this read reach back.
+        if ms < history_start_ms:
+            return None
+        counted = usage.usage_before(ms)
+        return None if counted is None else usage.lifetime_usage - counted
+
+    counted_since = ours_since(now_ms - reconcile)
+    counted_from = None if counted_since is None else usage.lifetime_usage - counted_since
+    if not previous_ms:
+        return None, counted_from
+    ours = ours_since(previous_ms - reconcile)
+    bounds = [b for b in (_settled_by_packages(before, gone, packages),
+                          None if ours is None else ours + usage.inflight) if b is not None]
+    return (min(bounds) if bounds else None), counted_from
+
+
+def _settled_by_packages(before: Mapping[str, int], gone: Sequence[str],
+                         packages: Sequence[PackageView]) -> int | None:
+    """What the packages lost since the previous sync; None for a package whose loss we cannot
+    bound (new, of unknown size; or back after leaving the list)."""
+    total = 0
+    listed = set()
+    for p in packages:
+        listed.add(p.instance_no)
+        if p.instance_no in before:
+            total += max(0, before[p.instance_no] - p.available)
+        elif p.instance_no in gone or not p.total:
+            return None
+        else:
+            total += max(0, p.total - p.available)
+    return total + sum(avail for i, avail in before.items() if i not in listed)
 
 
 def _spent(now_ms: int, packages: Sequence[PackageView], usage: UsageView, state: LimitState,

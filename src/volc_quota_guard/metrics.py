@@ -40,6 +40,10 @@ EVICTIONS = Counter("vqg_evictions", "Reservations by this process that left the
                     "VQG_EVICT_BELOW headroom, taking it out of routing", ["pool"], registry=COUNTERS)
 SYNC_ERRORS = Counter("vqg_sync_errors", "Billing syncs this process ran that failed",
                       ["account", "kind"], registry=COUNTERS)
+EXACT_COUNTS = Counter("vqg_exact_counts", "Prompts of ark-api (Doubao) deployments this process "
+                       "sent to Ark's tokenization API because the cheap count did not fit: "
+                       "outcome=exact (reserved at the exact count) or fallback (the API failed: "
+                       "reserved at the cheap count x k)", ["pool", "outcome"], registry=COUNTERS)
 
 
 def reserved(pool: str, d: Decision, output_cap: int) -> None:
@@ -57,6 +61,11 @@ def blocked(pools: Iterable[str], reason: str = "evicted") -> None:
     """Count a refusal of each pool made before any reserve (the pool was already evicted)."""
     for pool in pools:
         BLOCKS.labels(pool, reason).inc()
+
+
+def exact_count(pool: str, outcome: str) -> None:
+    """Count one ask of Ark's tokenization API: 'exact' or 'fallback'."""
+    EXACT_COUNTS.labels(pool, outcome).inc()
 
 
 def sync_failed(account: str, exc: BaseException) -> None:

@@ -86,7 +86,8 @@ class SyncOutcome:
 def correction_bounds(cfg: Settings, method: str) -> tuple[int, int]:
     """The estimate correction's (floor, bound) in ppm for a pool counted by ``method``.
 
-    cl100k and ark-api (counted cl100k for now) pools keep ``VQG_ESTIMATE_CORRECTION_MIN``;
+    cl100k and ark-api pools keep ``VQG_ESTIMATE_CORRECTION_MIN`` (an ark-api exact count has its
+    own floor in the gate, 1.1);
     a DeepSeek pool, counted exactly, gets its method's floor (``counting.CORRECTION_FLOOR_PPM``,
     1.1) whatever that setting says, and its ceiling (``CORRECTION_CEILING_PPM``, 1.5) when
     ``VQG_ESTIMATE_CORRECTION_MAX`` is higher.
@@ -259,9 +260,12 @@ class SyncService:
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
         # lower bound stays a lower bound when its search starts later).
         lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * MINUTE_MS)
-        minutes, floor = self.gate.timeline(pool, now - max(TIMELINE_WINDOW_MS, lag + QUIET_MS))
-        usage = UsageView(tuple(minutes), floor, lifetime_usage=status.get("ucum"),
-                          inflight=status.get("inflight"))
+        since = now - max(TIMELINE_WINDOW_MS, lag + QUIET_MS)
+        entries, floor = self.gate.timeline_entries(pool, since)
+        usage = UsageView(tuple((m, used) for m, used, _ in entries), floor,
+                          lifetime_usage=status.get("ucum"), inflight=status.get("inflight"),
+                          since_ms=since // MINUTE_MS * MINUTE_MS,
+                          unsure=tuple(unsure for _, _, unsure in entries))
         result = compute_limit(
             now_ms=now, packages=views, usage=usage, state=state,
             lag_floor_ms=cfg.lag_floor_minutes * MINUTE_MS, small_buffer=cfg.small_buffer,

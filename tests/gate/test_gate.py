@@ -14,6 +14,7 @@ from volc_quota_guard.gate.keys import KeySpace, pool_id
 from volc_quota_guard.gate.store import connect
 
 POOL = pool_id("acct-a", "deepseek-v4-flash-ga-260731")
+POOL_B = pool_id("acct-b", "deepseek-v4-flash-ga-260731")
 T0 = 1_786_600_000_000  # 2026-08-13 13:46 Beijing
 
 
@@ -176,6 +177,24 @@ def test_timeline_gives_usage_as_of_an_earlier_minute(gate, clock):
     assert gate.usage_at(POOL, clock.now_ms()) == 3_000
 
 
+def test_timeline_marks_usage_counted_without_a_measurement(gate, clock):
+    """A reservation kept whole (no usage reported) or expired is counted, and marked unsure in
+    the timeline: the lag observer reads only what surely ran (limit.UsageView.first_above)."""
+    gate.install_snapshot(POOL, snap(clock, minutes=120))
+    gate.reserve(POOL, "kept", 5_000)
+    gate.settle(POOL, "kept", None)
+    gate.reserve(POOL, "measured", 5_000)
+    gate.settle(POOL, "measured", 1_200)
+    gate.reserve(POOL, "lost", 3_000, ttl_ms=60_000)
+    clock.advance(2 * 60_000)
+    gate.status(POOL)  # the sweep counts the lost request's reservation
+    entries, floor = gate.timeline_entries(POOL, T0 - 60_000)
+    assert floor == 0
+    assert [(used, unsure) for _, used, unsure in entries] == [(6_200, 5_000), (9_200, 8_000)]
+    assert gate.timeline(POOL, T0 - 60_000)[0] == [(m, used) for m, used, _ in entries]
+    assert gate.usage_at(POOL, clock.now_ms() + 60_000) == 9_200  # usage_at parses the entries too
+
+
 def test_server_time_is_used_when_no_clock_is_injected(client, keyspace):
     """Without an injected clock the scripts read Redis TIME, so deadlines are server-based."""
     gate = Gate(client, keyspace)
@@ -274,3 +293,62 @@ def test_the_ceiling_bound_also_holds_the_daily_cap(gate, clock):
     assert admitted
     assert sum(d.amount - d.input_reserved + 9_000 * 3 for d in admitted) <= 300_000
     assert gate.reserve(POOL, "c-last", 10_000, input_tokens=9_000).reason == "collection_wall"
+
+
+def test_an_exact_count_is_reserved_at_its_own_floor_and_learns_its_own_correction(gate, clock):
+    """An exact reservation holds its count × kx (floor 1.1), not the pool's k (1.7); a settle
+    whose measured prompt is above the exact count raises kx only, and a cheap settle k only."""
+    gate.install_snapshot(POOL, snap(clock))
+    d = gate.reserve(POOL, "x1", 1_000 + 500, input_tokens=1_000, exact=True)
+    assert d.admitted and d.input_reserved == 1_100 and d.amount == 1_600
+    cheap = gate.reserve(POOL, "c1", 1_000 + 500, input_tokens=1_000)
+    assert cheap.input_reserved == 1_700
+    st = gate.status(POOL)
+    assert (st.get("inflight_xest"), st.get("inflight_xest_res")) == (1_000, 1_100)
+    assert (st.get("inflight_est"), st.get("inflight_est_res")) == (1_000, 1_700)
+    gate.settle(POOL, "x1", 1_300 + 500, measured_input=1_300)  # Ark's template: 30% over the count
+    st = gate.status(POOL)
+    assert (st.get("xcorr"), st.get("xcorr_n"), st.get("corr"), st.get("corr_n")) == (1_300_000, 1, 0, 0)
+    assert (st.get("inflight_xest"), st.get("inflight_xest_res")) == (0, 0)
+    assert gate.reserve(POOL, "x2", 1_500, input_tokens=1_000, exact=True).input_reserved == 1_300
+    assert gate.reserve(POOL, "c2", 1_500, input_tokens=1_000).input_reserved == 1_700  # k unmoved
+    gate.settle(POOL, "c1", 1_000, measured_input=900)
+    assert gate.status(POOL).get("xcorr") == 1_300_000
+
+
+def test_exact_counts_are_held_to_a_ceiling_of_1_5_not_3(gate, clock):
+    """Near the wall the miscount risk holds exact prompts at 1.5x their count, cheap ones at 3x:
+    a wave of exact reservations gets about twice as many requests in flight, and even at
+    1.5x each the wave stays inside the free balance (wall + buffer)."""
+    gate.install_snapshot(POOL, snap(clock, balance=400_000, buffer=50_000))
+    exact = [d for i in range(80)
+             if (d := gate.reserve(POOL, f"x{i}", 10_000, input_tokens=9_000, exact=True)).admitted]
+    assert sum(d.amount - d.input_reserved + 9_000 * 3 // 2 for d in exact) <= 400_000
+    gate.install_snapshot(POOL_B, snap(clock, balance=400_000, buffer=50_000))
+    cheap = [d for i in range(80)
+             if (d := gate.reserve(POOL_B, f"c{i}", 10_000, input_tokens=9_000)).admitted]
+    assert (len(exact), len(cheap)) == (27, 14)  # 400k / (9k x 1.5 + 1k), 400k / (9k x 3 + 1k)
+
+
+def test_a_reservation_record_without_a_class_still_settles_as_cheap(gate, clock, client, keyspace):
+    """Records written before the exact class (amount:deadline:est:est_res) parse as cheap."""
+    gate.install_snapshot(POOL, snap(clock))
+    d = gate.reserve(POOL, "old", 2_000, input_tokens=1_000, exact=True)
+    keys = keyspace.pool(POOL)
+    client.hset(keys.reservations, "old", f"{d.amount}:{clock.now_ms() + 60_000}:1000:1700")
+    client.hset(keys.state, mapping={"inflight_xest": 0, "inflight_xest_res": 0,
+                                     "inflight_est": 1_000, "inflight_est_res": 1_700})
+    gate.settle(POOL, "old", 1_500, measured_input=1_400)
+    st = gate.status(POOL)
+    assert (st.get("corr"), st.get("xcorr"), st.get("inflight"), st.get("inflight_est")) == \
+        (1_400_000, 0, 0, 0)
+
+
+def test_a_bad_counting_class_is_refused_without_a_write(gate, clock, client, keyspace):
+    """The class argument is '' or 'exact': anything else is an error code and no write."""
+    gate.install_snapshot(POOL, snap(clock))
+    before = client.hgetall(keyspace.pool(POOL).state)
+    raw = gate._scripts["reserve"](keys=keyspace.pool(POOL).gate_keys("reserve"),
+                 args=[str(clock.now_ms()), "r", "10", "10", "60000", "5", "fuzzy"])
+    assert [v.decode() if isinstance(v, bytes) else v for v in raw[:2]] == ["error", "bad_class"]
+    assert client.hgetall(keyspace.pool(POOL).state) == before

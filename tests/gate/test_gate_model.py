@@ -28,7 +28,9 @@ START = 1_786_636_800_000 - 40 * 60_000  # 2026-08-13 23:20 Beijing: a rollover 
 STATE_FIELDS = ["balance", "settled", "expiring", "buffer", "cap", "valid_until", "ucum", "day",
                 "day_usage", "prev_day_usage", "inflight", "overruns", "expired_count",
                 "evicted_until", "tl_floor", "snap_seq", "corr", "corr_at", "corr_n", "corr_min",
-                "corr_max", "inflight_est", "inflight_est_res"]
+                "corr_max", "inflight_est", "inflight_est_res", "dr_day", "dr_chain", "dr_from",
+                "dr_best", "dr_ucum", "unsure", "xcorr", "xcorr_at", "xcorr_n", "inflight_xest",
+                "inflight_xest_res"]
 
 amounts = st.integers(min_value=1, max_value=200_000)
 bad_amounts = st.sampled_from([-1, 0, 1.5, 10**12, "12abc", ""])
@@ -87,28 +89,40 @@ class GateVersusModel(RuleBasedStateMachine):
           settled=st.integers(0, 3_000_000), expiring=st.integers(0, 300_000),
           buffer=st.integers(0, 100_000), cap=st.integers(1, 2_500_000),
           validity_min=st.integers(5, 600), evict_below=st.integers(0, 5_000),
-          corr_min=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM))
+          corr_min=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM),
+          day=st.none() | st.tuples(st.none() | st.integers(0, 3_000_000),
+                                    st.integers(0, 2 * 86_400_000), st.none() | st.floats(0.0, 1.0)))
     def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below,
-                 corr_min, corr_extra):
+                 corr_min, corr_extra, day=None):
+        # The day's count: the API's step since a sync up to two days back, and a lifetime
+        # usage counted a reconcile lag ago (up to today's).
+        step, since_ago, from_frac = day if day is not None else (None, 0, None)
+        p = self.model.pools.get(pool)
         snap = Snapshot(balance, settled, expiring, buffer, cap,
                         self.now + validity_min * 60_000, evict_below,
-                        correction_min_ppm=corr_min, correction_max_ppm=corr_min + corr_extra)
+                        correction_min_ppm=corr_min, correction_max_ppm=corr_min + corr_extra,
+                        day_step=step, day_since_ms=max(0, self.now - since_ago),
+                        day_from=None if from_frac is None else int((p.ucum if p else 0) * from_frac))
         self.both(lambda: self.gate.install_snapshot(pool, snap),
                   lambda: self.model.install_snapshot(pool, snap, self.now))
         self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS), wanted=amounts,
-          least_frac=st.floats(0.01, 1.0), input_frac=st.floats(0.0, 1.0), ttl_s=st.integers(1, 3600))
-    def reserve(self, pool, rid, wanted, least_frac, input_frac, ttl_s):
+          least_frac=st.floats(0.01, 1.0), input_frac=st.floats(0.0, 1.0), ttl_s=st.integers(1, 3600),
+          exact=st.booleans())
+    def reserve(self, pool, rid, wanted, least_frac, input_frac, ttl_s, exact):
         least = max(1, int(wanted * least_frac))
-        est = int(least * input_frac)  # the tokenizer's part, reserved times k
+        est = int(least * input_frac)  # the tokenizer's part, reserved times k (exact: kx)
         remembered = self.remembered(pool, rid)
-        d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000, est),
-                      lambda: self.model.reserve(pool, rid, wanted, least, ttl_s * 1000, self.now, est))
+        d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000, est, exact),
+                      lambda: self.model.reserve(pool, rid, wanted, least, ttl_s * 1000, self.now, est,
+                                                 exact))
         if d is not None and d.reason == "admitted":
             assert not remembered, "a resolved id was reserved again"
             extra = d.input_reserved - est
-            assert extra >= 0 and d.input_reserved * PPM >= est * d.correction_ppm
+            p = self.model.pools[pool]
+            assert extra >= 0 and d.input_reserved * PPM >= est * (p.kx if exact else d.correction_ppm)
+            assert p.reservations[rid].exact == exact
             assert least + extra <= d.amount <= wanted + extra
             if not self.overrun_seen[pool]:
                 assert d.used_balance <= d.balance_wall and d.used_today <= d.daily_cap
@@ -138,7 +152,8 @@ class GateVersusModel(RuleBasedStateMachine):
             return
         rid = data.draw(st.sampled_from(sorted(p.reservations)))
         h: Held = p.reservations[rid]
-        true_input = int(h.est * p.k // PPM * ratio) if ratio < 1.0 else h.est * p.k // PPM
+        k = p.kx if h.exact else p.k  # an exact count under-counted by up to its own correction
+        true_input = int(h.est * k // PPM * ratio) if ratio < 1.0 else h.est * k // PPM
         hb, hc = p.headrooms()
         d = self.both(lambda: self.gate.settle(pool, rid, h.amount - h.est_res + true_input, true_input),
                       lambda: self.model.settle(pool, rid, h.amount - h.est_res + true_input, self.now,
@@ -197,11 +212,12 @@ class GateVersusModel(RuleBasedStateMachine):
                 continue
             for name in STATE_FIELDS:
                 assert int(raw[name]) == getattr(m, name), name
-            live = {k.decode(): Held(*map(int, v.decode().split(":")))
+            live = {k.decode(): Held.parse(v.decode())
                     for k, v in self.client.hgetall(keys.reservations).items()}
             assert live == m.reservations
             assert m.inflight == sum(h.amount for h in live.values()), "in-flight != live reservations"
-            assert m.inflight_est == sum(h.est for h in live.values())
+            assert m.inflight_est == sum(h.est for h in live.values() if not h.exact)
+            assert m.inflight_xest == sum(h.est for h in live.values() if h.exact)
             assert m.held() >= m.worst_case_inflight(), "in-flight held less than its worst case"
             assert not set(live) & set(m.resolved), "an id is both live and resolved"
             assert m.ucum >= self.last_ucum[pool], "lifetime usage decreased"

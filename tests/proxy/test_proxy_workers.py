@@ -20,7 +20,9 @@ def workers(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, stor
             prefix: str) -> Iterator[Proxy]:
     """A proxy started with `--num_workers 2`."""
     p = start_proxy(tmp_path_factory.mktemp("workers"), fake, store_url, prefix,
-                    args=("--num_workers", "2"))
+                    # uvicorn kills a worker that does not answer its health check in 5 s, and
+                    # importing LiteLLM takes longer than that on a busy 2-core machine.
+                    args=("--num_workers", "2", "--timeout_worker_healthcheck", "120"))
     yield p
     stop_proxy(p)
 

@@ -58,6 +58,15 @@ def test_on_the_real_0813_lag_day_the_static_cap_saved_v6(results: Results) -> N
     assert all(r.billed_tokens == 0 for r in results["seed-0813-lag"].values())
 
 
+def test_unreported_usage_leaves_the_cap_the_same_day(results: Results) -> None:
+    """A morning of requests without usage fills the 2M cap by the guard's count (~585,000 really
+    ran). Reconciled from the billing API, the afternoon runs to the true cap: counted to
+    midnight, the guard served 585,000 and left 1,365,000 of the day stranded."""
+    day = results["missing-usage-fills-the-cap"]["guard"]
+    assert day.served_tokens >= 1_900_000, day.as_json()
+    assert day.stranded_tokens <= 50_000 and day.refused_while_free_tokens <= 100_000
+
+
 def test_v4_blocks_while_free_tokens_remain_on_0812(results: Results) -> None:
     """Seed 000 §7.3: v4 refuses the afternoon with ~600k free; the guard serves it (its only
     refusals are 2 of the 13:36 burst's 20 big prompts, near the cap at the correction's ceiling)."""

@@ -63,6 +63,28 @@ def test_quiet_stretch_anchors_the_exact_free_total_and_observes_the_lag():
     assert r.free_total == 2_000_000 and r.state.lowest_free_total < 2_000_000
 
 
+def test_reservations_kept_whole_do_not_read_as_lag():
+    """The same 30-min lag, but the first 10 minutes of the hour also hold 400,000 of reservations
+    kept whole (usage never reported; 40,000 really ran): judged by our whole count the API would
+    look 55 minutes behind, so the observer reads what surely ran, and sees ~30 minutes."""
+    quiet = usage({300: 100_000, 1: 100_000}, lifetime=100_000)
+    first = limit([PackageView("p1", 1_900_000, None)], quiet)
+    later = T + 60 * MIN
+    minutes, unsure = [], []
+    for ago in range(59, -1, -1):
+        kept = min(60 - ago, 10) * 40_000  # 40,000 a minute kept whole for 10 minutes
+        minutes.append((later // MIN - ago, 100_000 + (60 - ago) * 10_000 + kept))
+        unsure.append(kept)
+    view = UsageView(tuple(minutes), 100_000, lifetime_usage=minutes[-1][1], inflight=0,
+                     unsure=tuple(unsure))
+    settled = 100_000 + 30 * 10_000  # the API: measured usage only (what really ran, 10k a minute)
+    r = limit([PackageView("p1", 2_000_000 - settled, None)], view, state=first.state, now=later)
+    assert r.lag_observed_ms is not None and 27 * MIN <= r.lag_observed_ms <= 30 * MIN
+    blind = UsageView(tuple(minutes), 100_000, lifetime_usage=minutes[-1][1], inflight=0)
+    r = limit([PackageView("p1", 2_000_000 - settled, None)], blind, state=first.state, now=later)
+    assert r.lag_observed_ms is not None and r.lag_observed_ms >= 50 * MIN
+
+
 def test_a_return_package_moves_the_estimates_by_its_size():
     """A new package adds its full size to the free total; anchor and observed lags carry over."""
     state = LimitState(packages=(("p1", 300_000),), anchor_free_total=1_000_000, anchor_ms=T - 200 * MIN,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -140,14 +141,15 @@ def test_a_cut_stream_breaks_mid_body_and_still_charges(fake: FakeVolcengine) ->
 
 
 def test_the_default_prompt_count_is_litellms_token_counter(fake: FakeVolcengine) -> None:
-    """Without prompt=, a non-DeepSeek model's prompt_tokens is litellm.token_counter(gpt-3.5-turbo)."""
+    """Without prompt=, a model neither DeepSeek nor Doubao has prompt_tokens =
+    litellm.token_counter(gpt-3.5-turbo)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     messages = [{"role": "system", "content": "你是一个助手"},
                 {"role": "user", "content": "Summarise the quota rules [[fake completion=1]]"}]
     r = HTTP.post(f"{fake.ark_base_url}/chat/completions", headers=AUTH, timeout=30,
-                   json={"model": "doubao-seed-2-1-pro-260628", "messages": messages})
+                   json={"model": "kimi-k2-250905", "messages": messages})
     expected = litellm.token_counter(model="gpt-3.5-turbo", messages=messages)
     assert r.json()["usage"]["prompt_tokens"] == expected > 10
 
@@ -165,9 +167,44 @@ def test_a_deepseek_prompt_counts_more_than_the_guards_exact_count(fake: FakeVol
     exact = counting.count_chat("deepseek", messages, None)
     assert r.json()["usage"]["prompt_tokens"] == -(-exact * 103 // 100) + 2 * 2
     assert exact < r.json()["usage"]["prompt_tokens"] <= exact * 1.1
-    for_doubao = HTTP.post(f"{fake.ark_base_url}/chat/completions", headers=AUTH, timeout=30,
-                           json={"model": "doubao-seed-2-1-pro-260628", "messages": messages})
-    assert for_doubao.json()["usage"]["prompt_tokens"] > exact * 1.1  # cl100k over-counts Chinese
+    for_other = HTTP.post(f"{fake.ark_base_url}/chat/completions", headers=AUTH, timeout=30,
+                          json={"model": "kimi-k2-250905", "messages": messages})
+    assert for_other.json()["usage"]["prompt_tokens"] > exact * 1.1  # cl100k over-counts Chinese
+
+
+def test_a_doubao_prompt_is_the_tokenization_apis_count_plus_a_hidden_template_and_drift(
+        fake: FakeVolcengine) -> None:
+    """Doubao bills what POST /tokenization answers for each message's text (and other fields,
+    and the tools) + 4% + 5 tokens per message and for the tools: more than the text count the
+    guard can ask for, within its exact floor (count + 8 per message, x 1.1); the hidden
+    template can be raised per fake; a cl100k count x 1.7 still covers it."""
+    from volc_quota_guard import counting
+    from volc_quota_guard.fake.ark_api import doubao_control
+
+    text = "请把免费额度的规则总结成三条要点，并说明什么时候开始计费。" * 20
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    messages = [{"role": "system", "content": "你是一个助手"},
+                {"role": "user", "content": text + " [[fake completion=1]]", "name": "ann"}]
+    texts = ["你是一个助手", text + " [[fake completion=1]]", '{"name": "ann"}',
+             json.dumps(tools, ensure_ascii=False)]
+    told = HTTP.post(f"{fake.ark_base_url}/tokenization", headers=AUTH, timeout=30,
+                     json={"model": "doubao-seed-2-1-pro-260628", "text": texts}).json()
+    counted = sum(item["total_tokens"] for item in told["data"])
+
+    def bill() -> int:
+        r = HTTP.post(f"{fake.ark_base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": "doubao-seed-2-1-pro-260628", "messages": messages, "tools": tools})
+        return int(r.json()["usage"]["prompt_tokens"])
+
+    assert bill() == -(-counted * 104 // 100) + 5 * 3
+    assert counted < bill() <= (counted + 8 * 2) * 1.1
+    assert bill() < counting.count_chat("cl100k", messages, tools) * 1.7
+    control = doubao_control(fake)
+    control.template_tokens = 60
+    try:
+        assert bill() == -(-counted * 104 // 100) + 60 * 3
+    finally:
+        control.template_tokens = 5
 
 
 def test_bad_keys_and_bad_directives_are_rejected(fake: FakeVolcengine) -> None:

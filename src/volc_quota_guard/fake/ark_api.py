@@ -19,10 +19,15 @@ Chat billing rules:
   ``deepseek*``, counted like Ark counts them and deliberately *more expensive* than the guard's
   exact model: the DeepSeek-V4 tokenizer over the V4 chat template (``counting.count_chat``),
   then a drift the guard is not told about, +3% on the count and +2 tokens per message
-  (``DEEPSEEK_DRIFT_PPM``, ``DEEPSEEK_DRIFT_PER_MESSAGE``); ``prompt=`` (or the
-  ``prompt_tokens`` default) replaces only this text count. Media is added on top: images by
-  Ark's formula (``media.py``), each video/audio/file part ``media=`` tokens (default
-  ``media_tokens``, 200,000). An unknown content part type is a 400.
+  (``DEEPSEEK_DRIFT_PPM``, ``DEEPSEEK_DRIFT_PER_MESSAGE``). Models named ``doubao*`` are
+  counted by the fake's one hidden *Doubao tokenizer* (``doubao_tokens``: the DeepSeek-V4
+  tokenizer's count of the text, which ``POST /api/v3/tokenization`` also answers with) over
+  each message's text and other fields (JSON) and the tools' JSON, then a chat template and a
+  version drift the tokenization API does not show: +``DOUBAO_TEMPLATE_PER_MESSAGE`` per message
+  (and once for the tools) and +4% (``DOUBAO_DRIFT_PPM``); ``doubao_control(fake)`` changes
+  both for one fake. ``prompt=`` (or the ``prompt_tokens`` default) replaces only this text
+  count. Media is added on top: images by Ark's formula (``media.py``), each video/audio/file
+  part ``media=`` tokens (default ``media_tokens``, 200,000). An unknown content part type is a 400.
 - **Thinking** is on unless the request switches it off: ``thinking: {"type": "disabled"}``
   or ``reasoning_effort: "minimal"``, with no switch asking for it (``thinking.type``
   ``enabled``/``auto`` or an effort other than ``minimal`` win over an off switch). When on,
@@ -35,7 +40,8 @@ Chat billing rules:
 - ``usage.completion_tokens`` = n × (answer + reasoning);
   ``completion_tokens_details.reasoning_tokens`` = n × reasoning.
 
-Embeddings: prompt = cl100k tokens (``deepseek*``: DeepSeek's + 3%) of every input string
+Embeddings: prompt = cl100k tokens (``deepseek*``: DeepSeek's + 3%; ``doubao*``: the Doubao
+tokenizer's + 4%) of every input string
 (a token array counts its length), or ``prompt=``; no output. Every request that completes
 consumes (prompt + output − cached when ``count_cached`` is off) from the ledger at
 completion time — before the response
@@ -53,7 +59,9 @@ import json
 import os
 import re
 import struct
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -180,39 +188,117 @@ DEEPSEEK_DRIFT_PER_MESSAGE = 2
 DEEPSEEK_DRIFT_PPM = 1_030_000  # +3%
 
 
+# Doubao models: Ark's Doubao tokenizer is not public, so the fake has one hidden stand-in,
+# `doubao_tokens` (the DeepSeek-V4 tokenizer's count of the text), used both to bill Doubao
+# prompts and to answer POST /api/v3/tokenization. Billing adds what that API does not show and
+# the guard is not told: a chat template of DOUBAO_TEMPLATE_PER_MESSAGE tokens per message (and
+# once for the tools) and a tokenizer version that counts DOUBAO_DRIFT_PPM more. Both are inside
+# what the guard's exact count covers (8 per message, x 1.1), so a guard that skips the template
+# (short messages) or drops the floor (long ones) fails the tests.
+DOUBAO_TEMPLATE_PER_MESSAGE = 5
+DOUBAO_DRIFT_PPM = 1_040_000  # +4%
+
+
+@dataclass
+class DoubaoControl:
+    """One fake's hidden Doubao template and drift (tests raise them to watch the guard learn)."""
+
+    template_tokens: int = DOUBAO_TEMPLATE_PER_MESSAGE
+    drift_ppm: int = DOUBAO_DRIFT_PPM
+
+
+_doubao: weakref.WeakKeyDictionary[Any, DoubaoControl] = weakref.WeakKeyDictionary()
+_doubao_lock = threading.Lock()
+
+
+def doubao_control(state: Any) -> DoubaoControl:
+    """The hidden Doubao template and drift of this fake (a FakeState / FakeVolcengine)."""
+    with _doubao_lock:
+        return _doubao.setdefault(state, DoubaoControl())
+
+
 def is_deepseek(model: str | None) -> bool:
     """Whether the fake counts `model` with the DeepSeek tokenizer (a name starting `deepseek`)."""
     return bool(model) and str(model).rsplit("/", 1)[-1].lower().startswith("deepseek")
+
+
+def is_doubao(model: str | None) -> bool:
+    """Whether the fake counts `model` with its hidden Doubao tokenizer (a name starting `doubao`)."""
+    return bool(model) and str(model).rsplit("/", 1)[-1].lower().startswith("doubao")
+
+
+def doubao_tokens(text: str) -> int:
+    """The fake's hidden Doubao tokenizer: what its tokenization endpoint answers for `text`."""
+    from .. import counting
+
+    return counting.deepseek_tokens(text)
 
 
 def _drift(tokens: int, messages: int = 0) -> int:
     return -(-tokens * DEEPSEEK_DRIFT_PPM // 1_000_000) + DEEPSEEK_DRIFT_PER_MESSAGE * messages
 
 
+def _doubao_text(content: Any) -> int:
+    """Doubao tokens of one message's content: text parts each counted, +1 per join (bill more)."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return doubao_tokens(content)
+    if isinstance(content, list):
+        texts = [str(p.get("text") or "") if isinstance(p, dict) else str(p) for p in content]
+        return max(doubao_tokens("\n".join(texts)), sum(map(doubao_tokens, texts))) + max(0, len(texts) - 1)
+    return doubao_tokens(json.dumps(content, ensure_ascii=False, default=str))
+
+
+def doubao_prompt_tokens(messages: list[Any], tools: list[Any] | None, control: DoubaoControl) -> int:
+    """Ark's Doubao bill of a prompt: the hidden tokenizer over each message's text and its other
+    fields (JSON, role aside) and the tools' JSON, + drift, + the template per message."""
+    text = 0
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise TypeError("message is not an object")
+        text += _doubao_text(msg.get("content"))
+        rest = {k: v for k, v in msg.items() if k not in ("role", "content")}
+        if rest:
+            text += doubao_tokens(json.dumps(rest, ensure_ascii=False, default=str))
+    if tools:
+        text += doubao_tokens(json.dumps(tools, ensure_ascii=False, default=str))
+    return (-(-text * control.drift_ppm // 1_000_000)
+            + control.template_tokens * (len(messages) + (1 if tools else 0)))
+
+
 def count_prompt_tokens(messages: list[Any], tools: list[Any] | None = None,
-                        model: str | None = None) -> int:
+                        model: str | None = None, state: Any = None) -> int:
     """Ark's count of a prompt: DeepSeek models by the DeepSeek-V4 tokenizer and template plus
-    the fake's hidden drift; any other model as a client-side tokenizer would (cl100k via
-    LiteLLM, offline)."""
+    the fake's hidden drift; Doubao models by the hidden Doubao tokenizer plus its template and
+    drift (`state`'s `doubao_control`, else the defaults); any other model as a client-side
+    tokenizer would (cl100k via LiteLLM, offline)."""
     try:
         if is_deepseek(model):
             from .. import counting
 
             return _drift(counting.count_chat("deepseek", messages, tools), len(messages))
+        if is_doubao(model):
+            control = doubao_control(state) if state is not None else DoubaoControl()
+            return doubao_prompt_tokens(messages, tools, control)
         return int(_litellm().token_counter(model="gpt-3.5-turbo", messages=messages,
                                             tools=tools or None))
     except Exception as exc:  # a message LiteLLM cannot read: Ark would not either
         raise ValueError(f"unreadable messages or tools: {exc}") from None
 
 
-def count_text_tokens(text: str, model: str | None = None) -> int:
-    """Ark's count of plain text (DeepSeek models: the DeepSeek-V4 tokenizer + the drift)."""
+def count_text_tokens(text: str, model: str | None = None, state: Any = None) -> int:
+    """Ark's count of plain text (DeepSeek models: the DeepSeek-V4 tokenizer + the drift;
+    Doubao models: the hidden Doubao tokenizer + its drift)."""
     if not text:
         return 0
     if is_deepseek(model):
         from .. import counting
 
         return _drift(counting.deepseek_tokens(text))
+    if is_doubao(model):
+        control = doubao_control(state) if state is not None else DoubaoControl()
+        return -(-doubao_tokens(text) * control.drift_ppm // 1_000_000)
     return int(_litellm().token_counter(model="gpt-3.5-turbo", text=text))
 
 
@@ -321,10 +407,10 @@ def _chat_bill(state: FakeState, request: dict[str, Any], directive: Directive) 
     text = directive.prompt if directive.prompt is not None else defaults.prompt_tokens
     if text is None:
         model = request.get("model")
-        text = count_prompt_tokens(text_messages, tools, model)
+        text = count_prompt_tokens(text_messages, tools, model, state)
         if isinstance(request.get("response_format"), dict):
             text += count_text_tokens(json.dumps(request["response_format"], ensure_ascii=False),
-                                      model)
+                                      model, state)
     max_tokens = int_field(request, "max_tokens", 0, None)
     max_completion = int_field(request, "max_completion_tokens", 0, MAX_COMPLETION_TOKENS)
     if max_tokens is not None and max_completion is not None:
@@ -494,7 +580,8 @@ def handle_embeddings(state: FakeState, header: Callable[[str], str | None],
     if directive.prompt is not None:
         prompt = directive.prompt
     else:
-        prompt = sum(len(v) if isinstance(v, list) else count_text_tokens(v, model) for v in inputs)
+        prompt = sum(len(v) if isinstance(v, list) else count_text_tokens(v, model, state)
+                     for v in inputs)
     seq = state.next_chat_seq()
     record = ChatRecord(
         seq=seq, at_ms=state.now_ms(), account=account.name, model=model, pool=pool,

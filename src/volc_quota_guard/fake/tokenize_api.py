@@ -2,8 +2,10 @@
 
 Body ``{"model": m, "text": str | [str]}``, Bearer API key of a known account; answers
 ``{"object": "list", "data": [{"object": "tokenization", "index": i, "total_tokens": n,
-"token_ids": [...], "offset_mapping": [...]}, ...]}`` as Ark does, counting with the
-DeepSeek-V4 tokenizer (deterministic and real; Ark's Doubao tokenizer is not public).
+"token_ids": [...], "offset_mapping": [...]}, ...]}`` as Ark does, counting with the fake's hidden Doubao
+tokenizer (``ark_api.doubao_tokens``: the DeepSeek-V4 tokenizer's count, deterministic and real;
+Ark's own is not public), the one the fake bills Doubao prompts with (text only: billing adds a
+template and drift this endpoint does not show).
 
 Faults, per fake, for the client's fallback tests::
 
@@ -12,6 +14,7 @@ Faults, per fake, for the client's fallback tests::
     control.mode = "hang"      # answer after `control.hang_s` seconds (past any client timeout)
     control.mode = "garbage"   # 200 with a body that is not JSON
     control.mode = "wrong"     # 200, JSON, but no total_tokens
+    control.mode = "denied"    # HTTP 401, as for a key the tokenization API does not accept
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .ark_api import openai_error
+from .ark_api import doubao_tokens, openai_error
 from .billing_api import Reply, json_reply
 from .state import FakeState
 
 TOKENIZE_PATHS = ("/api/v3/tokenization",)
-Mode = Literal["ok", "error", "hang", "garbage", "wrong"]
+Mode = Literal["ok", "error", "hang", "garbage", "wrong", "denied"]
 
 
 @dataclass
@@ -54,7 +57,7 @@ def handle_tokenize(state: FakeState, header: Callable[[str], str | None], body:
     control = tokenize_control(state)
     control.calls += 1
     bearer = (header("authorization") or "").removeprefix("Bearer ").strip()
-    if not bearer or state.account_by_api_key(bearer) is None:
+    if not bearer or state.account_by_api_key(bearer) is None or control.mode == "denied":
         return openai_error(401, "The API key in the request is missing or invalid.")
     if control.mode == "error":
         return openai_error(500, "The service encountered an unexpected internal error.")
@@ -74,11 +77,9 @@ def handle_tokenize(state: FakeState, header: Callable[[str], str | None], body:
         return openai_error(400, str(exc))
     if control.mode == "wrong":
         return json_reply(200, {"object": "list", "data": [{"index": 0}]})
-    from .. import counting  # here: importing it loads LiteLLM, which the fake's start need not wait for
-
     data = []
     for i, text in enumerate(texts):
-        n = counting.deepseek_tokens(text)
+        n = doubao_tokens(text)  # imports counting (LiteLLM) on first use, not at the fake's start
         data.append({"object": "tokenization", "index": i, "total_tokens": n,
                      "token_ids": [], "offset_mapping": []})
     return json_reply(200, {"object": "list", "id": f"tok-{control.calls}",

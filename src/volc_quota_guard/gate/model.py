@@ -19,6 +19,8 @@ SWEEP_LIMIT = 1000
 TRIM_LIMIT = 100
 CORR_HALF_LIFE_MS = 86_400_000  # the correction's excess over 1.0 halves per day
 CORR_MIN_INPUT = 200  # estimates smaller than this teach nothing (template overhead)
+XCORR_FLOOR = 1_100_000  # the exact class's least factor (template and version drift)
+XCORR_CEIL = 1_500_000  # the exact class's miscount ceiling in the admission's risk
 
 
 def corrected(est: int, k: int) -> int:
@@ -28,12 +30,22 @@ def corrected(est: int, k: int) -> int:
 
 @dataclass(frozen=True)
 class Held:
-    """A live reservation: amount held, deadline, estimated input, input reserved (k applied)."""
+    """A live reservation: amount held, deadline, estimated input, input reserved (k applied),
+    and whether the estimate is an exact count (its own class: kx, the exact ceiling)."""
 
     amount: int
     deadline: int
     est: int = 0
     est_res: int = 0
+    exact: bool = False
+
+    @classmethod
+    def parse(cls, record: str) -> Held:
+        """A reservation record as the Lua writes it: `amount:deadline:est:est_res[:x]`."""
+        parts = record.split(":")
+        exact = len(parts) == 5 and parts[4] == "x"
+        amount, deadline, est, est_res = (int(v) for v in parts[:4])
+        return cls(amount, deadline, est, est_res, exact)
 
 
 @dataclass
@@ -64,7 +76,19 @@ class PoolModel:
     corr_max: int = 3 * PPM
     inflight_est: int = 0
     inflight_est_res: int = 0
+    dr_day: int = 0  # today's count reconciled from the billing API (snapshot.lua)
+    dr_chain: int = 0
+    dr_from: int = 0
+    dr_best: int = 0
+    dr_ucum: int = 0
+    unsure: int = 0  # lifetime usage counted without a measurement
+    xcorr: int = 0  # the exact class's peak measured ratio (ppm), 0 = none yet
+    xcorr_at: int = 0
+    xcorr_n: int = 0
+    inflight_xest: int = 0
+    inflight_xest_res: int = 0
     k: int = PPM  # the correction now (derived, not stored)
+    kx: int = XCORR_FLOOR  # the exact class's correction now (derived, not stored)
     reservations: dict[str, Held] = field(default_factory=dict)
     resolved: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # id -> (how, counted, at)
     timeline: dict[int, int] = field(default_factory=dict)  # minute -> lifetime usage
@@ -73,10 +97,17 @@ class PoolModel:
     def balance_wall(self) -> int:
         return self.balance + self.settled - self.expiring - self.buffer
 
+    def cheap_margin(self) -> int:
+        return max(0, corrected(self.inflight_est, self.k) - self.inflight_est_res)
+
+    def exact_margin(self) -> int:
+        return max(0, corrected(self.inflight_xest, self.kx) - self.inflight_xest_res)
+
     def margin(self) -> int:
         """What in-flight requests may use beyond their reservations if each one's prompt is
-        under-counted by today's k (they were reserved with the k of their time)."""
-        return max(0, corrected(self.inflight_est, self.k) - self.inflight_est_res)
+        under-counted by today's k, or kx for exact counts (they were reserved with the k of
+        their time)."""
+        return self.cheap_margin() + self.exact_margin()
 
     def held(self) -> int:
         return self.inflight + self.margin()
@@ -85,53 +116,99 @@ class PoolModel:
         """What the in-flight requests may consume if each prompt is under-counted by today's k
         and each output runs to its cap. The invariant: `held() >= worst_case_inflight()`, so a
         pool with headroom >= 0 stays within its walls however its in-flight requests settle."""
-        return sum(h.amount - h.est_res + h.est * self.k // PPM for h in self.reservations.values())
+        return sum(h.amount - h.est_res + h.est * (self.kx if h.exact else self.k) // PPM
+                   for h in self.reservations.values())
 
-    def miscount_risk(self, est: int, est_res: int) -> int:
+    def xcorr_max(self) -> int:
+        """The most kx may learn: the pool's corr_max, never under the exact floor."""
+        return max(self.corr_max, XCORR_FLOOR)
+
+    def miscount_risk(self, est: int, est_res: int, exact: bool = False) -> int:
         """What the in-flight prompts, plus one of `est` reserved as `est_res`, could use beyond
-        `held()` if each were corr_max times its count: a class the pool never measured."""
-        return (corrected(self.inflight_est + est, self.corr_max)
-                - (self.inflight_est_res + est_res) - self.margin())
+        `held()` were each cheap count corr_max times too low (a class the pool never measured)
+        and each exact count XCORR_CEIL times (at most corr_max). Each class's part is >= 0."""
+        ce, cr, xe, xr = (0, 0, est, est_res) if exact else (est, est_res, 0, 0)
+        cheap = (corrected(self.inflight_est + ce, self.corr_max)
+                 - (self.inflight_est_res + cr) - self.cheap_margin())
+        xceil = min(XCORR_CEIL, self.xcorr_max())
+        exact_risk = (corrected(self.inflight_xest + xe, xceil)
+                      - (self.inflight_xest_res + xr) - self.exact_margin())
+        return max(0, cheap) + max(0, exact_risk)
+
+    def day_count(self) -> int:
+        """Today's usage as the daily cap counts it: ours, or less where the API showed less."""
+        if self.dr_day != self.day:
+            return self.day_usage
+        return min(self.day_usage, self.dr_best + max(0, self.ucum - self.dr_ucum))
 
     def headrooms(self) -> tuple[int, int]:
         return (self.balance_wall() - (self.ucum + self.held()),
-                self.cap - (self.day_usage + self.held()))
+                self.cap - (self.day_count() + self.held()))
 
     # -- the estimate correction ---------------------------------------------------------------
-    def decayed_peak(self, now: int) -> int:
-        if self.corr <= PPM:
+    @staticmethod
+    def decay(peak: int, at: int, now: int) -> int:
+        """A peak ratio with its excess over 1.0 halved for each full day since `at`."""
+        if peak <= PPM:
             return PPM
-        halvings = min(60, max(0, now - self.corr_at) // CORR_HALF_LIFE_MS)
-        return PPM + (self.corr - PPM) // 2**halvings
+        halvings = min(60, max(0, now - at) // CORR_HALF_LIFE_MS)
+        return PPM + (peak - PPM) // 2**halvings
+
+    def decayed_peak(self, now: int) -> int:
+        return self.decay(self.corr, self.corr_at, now)
 
     def correction(self, now: int) -> int:
         """k now: the decayed peak within [corr_min, corr_max]; corr_min is k before any
         measurement, covering a traffic class the pool has not seen yet."""
         return min(max(self.decayed_peak(now), self.corr_min), self.corr_max)
 
-    def observe(self, est: int, measured: int, now: int) -> None:
-        """A measured settle: its ratio becomes the peak when it reaches the decayed one."""
+    def xcorrection(self, now: int) -> int:
+        """kx now: the exact class's decayed peak within [XCORR_FLOOR, xcorr_max]."""
+        return min(max(self.decay(self.xcorr, self.xcorr_at, now), XCORR_FLOOR), self.xcorr_max())
+
+    def observe(self, est: int, measured: int, now: int, exact: bool = False) -> None:
+        """A measured settle: its ratio becomes its class's peak when it reaches the decayed one."""
         if est < CORR_MIN_INPUT:
             return
-        ratio = min((measured * PPM + est - 1) // est, self.corr_max)
-        self.corr_n = min(self.corr_n + 1, 1_000_000_000)
-        if ratio >= self.decayed_peak(now):
-            self.corr, self.corr_at = ratio, now
-        self.k = self.correction(now)
+        ratio = min((measured * PPM + est - 1) // est, self.xcorr_max() if exact else self.corr_max)
+        if exact:
+            self.xcorr_n = min(self.xcorr_n + 1, 1_000_000_000)
+            if ratio >= self.decay(self.xcorr, self.xcorr_at, now):
+                self.xcorr, self.xcorr_at = ratio, now
+        else:
+            self.corr_n = min(self.corr_n + 1, 1_000_000_000)
+            if ratio >= self.decayed_peak(now):
+                self.corr, self.corr_at = ratio, now
+        self.k, self.kx = self.correction(now), self.xcorrection(now)
+
+    def hold(self, rid: str, h: Held) -> None:
+        self.reservations[rid] = h
+        self.inflight += h.amount
+        if h.exact:
+            self.inflight_xest += h.est
+            self.inflight_xest_res += h.est_res
+        else:
+            self.inflight_est += h.est
+            self.inflight_est_res += h.est_res
 
     def unreserve(self, rid: str) -> Held:
         h = self.reservations.pop(rid)
         self.inflight -= h.amount
-        self.inflight_est -= h.est
-        self.inflight_est_res -= h.est_res
+        if h.exact:
+            self.inflight_xest -= h.est
+            self.inflight_xest_res -= h.est_res
+        else:
+            self.inflight_est -= h.est
+            self.inflight_est_res -= h.est_res
         return h
 
     # -- housekeeping ------------------------------------------------------------------------
-    def add_usage(self, n: int, now: int) -> None:
+    def add_usage(self, n: int, now: int, unsure: bool = False) -> None:
         if n <= 0:
             return
         self.ucum += n
         self.day_usage += n
+        self.unsure += n if unsure else 0
         self.timeline[now // 60_000] = self.ucum
 
     def resolve(self, rid: str, how: str, counted: int, now: int) -> None:
@@ -146,7 +223,7 @@ class PoolModel:
         due = sorted((h.deadline, rid) for rid, h in self.reservations.items() if h.deadline <= now)
         for _, rid in due[:SWEEP_LIMIT]:
             amount = self.unreserve(rid).amount
-            self.add_usage(amount, now)
+            self.add_usage(amount, now, unsure=True)
             self.resolve(rid, "expired", amount, now)
             self.expired_count += 1
         cutoff = now - RESOLVED_MS
@@ -155,7 +232,7 @@ class PoolModel:
             del self.resolved[rid]
         for minute in sorted(m for m in self.timeline if m <= (now - TIMELINE_MS) // 60_000)[:TRIM_LIMIT]:
             self.tl_floor = max(self.tl_floor, self.timeline.pop(minute))
-        self.k = self.correction(now)
+        self.k, self.kx = self.correction(now), self.xcorrection(now)
 
     def update_eviction(self) -> None:
         hb, hc = self.headrooms()
@@ -171,7 +248,7 @@ class PoolModel:
                input_reserved: int = 0) -> Decision:
         hb, hc = self.headrooms()
         return Decision(status, reason, amount, min(hb, hc), self.ucum + self.held(),
-                        self.balance_wall(), self.day_usage + self.held(), self.cap,
+                        self.balance_wall(), self.day_count() + self.held(), self.cap,
                         self.inflight, self.evicted_until, overrun, self.balance, input_reserved,
                         self.k)
 
@@ -194,7 +271,7 @@ class GateModel:
             raise GateError("bad_id", "request id must be 1-256 bytes")
 
     def reserve(self, pool: str, rid: str, wanted: int, least: int | None, ttl_ms: int,
-                now: int, input_tokens: int = 0) -> Decision:
+                now: int, input_tokens: int = 0, exact: bool = False) -> Decision:
         least = wanted if least is None else least
         self._check_id(rid)
         if not _is_int(wanted, 1, MAX_REQUEST) or not _is_int(least, 1, wanted) \
@@ -207,7 +284,7 @@ class GateModel:
             return _NO_SNAPSHOT
         p.housekeep(now)
         status, reason, granted = "refused", "", 0
-        est_res = corrected(input_tokens, p.k)
+        est_res = corrected(input_tokens, p.kx if exact else p.k)
         if rid in p.reservations:
             h = p.reservations[rid]
             status, reason, granted, est_res = "ok", "duplicate", h.amount, h.est_res
@@ -220,15 +297,12 @@ class GateModel:
             hb, hc = p.headrooms()
             # Were every in-flight prompt corr_max times its count, usage would stay within the
             # true free balance (wall + buffer) and the daily cap.
-            risk = p.miscount_risk(input_tokens, est_res)
+            risk = p.miscount_risk(input_tokens, est_res, exact)
             hb, hc = min(hb, hb + p.buffer - risk), min(hc, hc - risk)
             grant = min(wanted + extra, hb, hc)
             if grant >= least + extra:
                 status, reason, granted = "ok", "admitted", grant
-                p.reservations[rid] = Held(grant, now + ttl_ms, input_tokens, est_res)
-                p.inflight += grant
-                p.inflight_est += input_tokens
-                p.inflight_est_res += est_res
+                p.hold(rid, Held(grant, now + ttl_ms, input_tokens, est_res, exact))
             else:
                 reason = "balance_wall" if hb <= hc else "collection_wall"
         p.update_eviction()
@@ -251,10 +325,10 @@ class GateModel:
             counted = h.amount if actual is None else actual
             above = counted > h.amount
             reason = "settled"
-            p.add_usage(counted, now)
+            p.add_usage(counted, now, unsure=actual is None)
             p.resolve(rid, "settled", counted, now)
             if measured_input is not None and actual is not None:
-                p.observe(h.est, measured_input, now)
+                p.observe(h.est, measured_input, now, h.exact)
         elif rid in p.resolved:
             how, before, _ = p.resolved[rid]
             if actual is not None and how in ("expired", "released"):
@@ -304,6 +378,9 @@ class GateModel:
         if not (_is_int(s.correction_max_ppm, PPM, 100 * PPM)
                 and _is_int(s.correction_min_ppm, PPM, s.correction_max_ppm)):
             raise GateError("bad_amount", "correction: 1e6 <= min <= max <= 1e8 ppm")
+        if not all(v is None or _is_int(v, 0, hi) for v, hi in (
+                (s.day_step, MAX_AMOUNT), (s.day_since_ms, MAX_TIME), (s.day_from, MAX_AMOUNT))):
+            raise GateError("bad_amount", "day reconcile: step, since and from must be non-negative integers")
         p = self.pools.get(pool)
         if p is None:
             p = self.pools[pool] = PoolModel(day=beijing_day(now))
@@ -314,7 +391,16 @@ class GateModel:
         p.settled = min(s.settled_usage, p.ucum)
         p.snap_seq += 1
         p.corr_min, p.corr_max = s.correction_min_ppm, s.correction_max_ppm
-        p.k = p.correction(now)
+        p.k, p.kx = p.correction(now), p.xcorrection(now)
+        counted = p.day_count()
+        known_from = p.dr_from if s.day_from is None else s.day_from
+        if s.day_step is not None and p.dr_day == p.day:
+            p.dr_chain, p.dr_from = p.dr_chain + s.day_step, known_from
+        elif s.day_step is not None and 0 < s.day_since_ms and beijing_day(s.day_since_ms) < p.day:
+            p.dr_day, p.dr_chain, p.dr_from = p.day, s.day_step, known_from
+        else:
+            p.dr_day, p.dr_chain, p.dr_from = p.day, p.day_usage + p.inflight, p.ucum
+        p.dr_best, p.dr_ucum = min(counted, p.dr_chain + max(0, p.ucum - p.dr_from)), p.ucum
         p.update_eviction()
         return p.answer("ok", "installed", 0)
 

@@ -79,9 +79,9 @@ class _Args:
         return self.keyspace.pool(pool)
 
     def reserve(self, request_id: str, wanted: int, least: int | None, ttl_ms: int,
-                input_tokens: int) -> list[str]:
+                input_tokens: int, exact: bool = False) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(wanted), _num(wanted if least is None else least),
-                _num(ttl_ms), _num(input_tokens)]
+                _num(ttl_ms), _num(input_tokens), "exact" if exact else ""]
 
     def settle(self, request_id: str, actual: int | None, measured_input: int | None) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(actual), _num(measured_input)]
@@ -94,13 +94,25 @@ class _Args:
                 _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
                 json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm),
                 _num(s.hold_until_ms) if s.hold_until_ms else "", _num(s.hold_cap),
-                _num(s.unseen_day_tokens)]
+                _num(s.unseen_day_tokens), *_day_args(s)]
 
     def recover(self, generation: int, day: int, seen_today: int) -> list[str]:
         return [_now_arg(self.clock), _num(generation), _num(day), _num(seen_today)]
 
     def status(self) -> list[str]:
         return [_now_arg(self.clock)]
+
+
+def _day_args(s: Snapshot) -> list[str]:
+    return ["" if s.day_step is None else _num(s.day_step), _num(s.day_since_ms),
+            "" if s.day_from is None else _num(s.day_from)]
+
+
+def _tl_value(raw: Any) -> tuple[int, int]:
+    """A timeline minute's "lifetime usage:of it unsure" (older entries: just the usage)."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw or "0")
+    used, _, unsure = text.partition(":")
+    return int(used or 0), int(unsure or 0)
 
 
 def _minute_before(ms: int) -> int:
@@ -123,14 +135,16 @@ class Gate:
         return _parse(_call(lambda: self._scripts[verb](keys=keys, args=args)))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
+                ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
         """Reserve up to `wanted` tokens (at least `least`) for `request_id`, or refuse.
 
         `input_tokens` is the tokenizer's part of both amounts: it is reserved times the pool's
         estimate correction (`Decision.input_reserved`), so the grant may exceed `wanted`.
+        `exact`: the count is exact (Ark's tokenization API): reserved times the exact class's
+        own correction kx (floor 1.1) and held to the exact miscount ceiling (1.5).
         """
         return self._run("reserve", pool,
-                         self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens))
+                         self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens, exact))
 
     def settle(self, pool: str, request_id: str, actual: int | None,
                measured_input: int | None = None) -> Decision:
@@ -173,7 +187,6 @@ class Gate:
     def status(self, pool: str) -> PoolState:
         decision = self._run("status", pool, self.args.status())
         keys = self.args.keys(pool)
-
         pipe = self._reads()
         pipe.hgetall(keys.state)
         pipe.get(keys.packages)
@@ -188,7 +201,7 @@ class Gate:
             keys.timeline_index, _minute_before(ms), "-inf", start=0, num=1))
         if found:
             minute: str = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
-            return int(_call(lambda: self.client.hget(keys.timeline, minute)) or 0)
+            return _tl_value(_call(lambda: self.client.hget(keys.timeline, minute)))[0]
         return int(_call(lambda: self.client.hget(keys.state, "tl_floor")) or 0)
 
     def now_ms(self) -> int:
@@ -201,16 +214,23 @@ class Gate:
 
     def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:
         """The pool's (minute, lifetime usage) entries from `since_ms` on, ascending, and the
-        usage recorded before them (the floor). Two round trips: the sync reads it every time."""
+        usage recorded before them (the floor)."""
+        entries, floor = self.timeline_entries(pool, since_ms)
+        return [(m, used) for m, used, _ in entries], floor
+
+    def timeline_entries(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int, int]], int]:
+        """As `timeline`, each entry with the lifetime usage of it counted unmeasured. Two round
+        trips: the sync reads it every time."""
         keys = self.args.keys(pool)
         since = since_ms // MINUTE_MS
         pipe = self._reads()
         pipe.zrangebyscore(keys.timeline_index, since, "+inf")
         pipe.zrevrangebyscore(keys.timeline_index, since - 1, "-inf", start=0, num=1)
         pipe.hget(keys.state, "tl_floor")
-        found, before, floor = _call(pipe.execute)
+        found, before, tl_floor = _call(pipe.execute)
         minutes = [int(m) for m in found]
         values: list[Any] = []
+        floor = int(tl_floor or 0)
         if minutes or before:
             pipe = self._reads()
             if minutes:
@@ -219,8 +239,8 @@ class Gate:
                 pipe.hget(keys.timeline, before[0].decode() if isinstance(before[0], bytes) else before[0])
             answers = _call(pipe.execute)
             values = answers[0] if minutes else []
-            floor = answers[-1] if before else floor
-        return [(m, int(v or 0)) for m, v in zip(minutes, values, strict=True)], int(floor or 0)
+            floor = _tl_value(answers[-1])[0] if before else floor
+        return [(m, *_tl_value(v)) for m, v in zip(minutes, values, strict=True)], floor
 
     def pools(self) -> list[str]:
         members = _call(lambda: self.client.smembers(self.args.keyspace.pools_index()))
@@ -242,9 +262,9 @@ class AsyncGate:
         return _parse(await _acall(lambda: self._scripts[verb](keys=keys, args=args)))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                      ttl_ms: int = 900_000, input_tokens: int = 0) -> Decision:
-        return await self._run("reserve", pool,
-                               self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens))
+                      ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
+        return await self._run("reserve", pool, self.args.reserve(
+            request_id, wanted, least, ttl_ms, input_tokens, exact))
 
     async def settle(self, pool: str, request_id: str, actual: int | None,
                      measured_input: int | None = None) -> Decision:

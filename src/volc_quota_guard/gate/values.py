@@ -70,6 +70,12 @@ class Snapshot:
     hold_until_ms: int = 0  # > 0: the pool's history is too short to trust the balance (limit.py)
     hold_cap: int = 0  # ... and lifetime usage may not pass this until a snapshot without a hold
     unseen_day_tokens: int = 0  # when this snapshot creates the state: today's usage not seen
+    # Today's count from the billing API (limit.py `day_step`): the consumption the API settled
+    # since the previous sync at most (None = not bounded: the count starts again here), that
+    # sync's time, and our lifetime usage a reconcile lag ago (None = our history is shorter).
+    day_step: int | None = None
+    day_since_ms: int = 0
+    day_from: int | None = None
 
 
 @dataclass(frozen=True)

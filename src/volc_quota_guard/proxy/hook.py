@@ -10,7 +10,9 @@ Where each job happens (LiteLLM 1.108.7; docs/operating.md, "What happens to a r
   and deployments that already refused this request, so the router picks another account or
   falls back.
 - `async_pre_call_deployment_hook` (after routing, before the HTTP call; the real gate): one
-  atomic reservation of input + output cap, clamping the output cap to what fits.
+  atomic reservation of input + output cap, clamping the output cap to what fits. For an
+  "ark-api" (Doubao) deployment whose cheap count × k does not fit, the prompt is counted by
+  Ark's tokenization API and reserved as an exact count instead (`_exact_sizing`).
 - `log_pre_api_call` (sync, just before the HTTP call) marks the attempt as sent;
   `async_post_call_streaming_iterator_hook` keeps a handle on a stream's raw chunks, to tell the
   upstream's usage from LiteLLM's local count.
@@ -39,6 +41,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
@@ -50,8 +53,10 @@ from .. import admission, estimate, metrics  # noqa: E402
 from ..config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
 from ..errors import GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
 from ..gate import AsyncGate, Decision, KeySpace  # noqa: E402
+from ..gate.model import corrected  # noqa: E402
 from ..gate.store import connect_async  # noqa: E402
 from ..outcome import failure_action, read_usage  # noqa: E402
+from ..volcengine.volc_tokenize import ArkTokenizer  # noqa: E402
 from . import loglines, refusals  # noqa: E402
 from .calls import (  # noqa: E402
     RequestState,
@@ -71,7 +76,7 @@ from .calls import (  # noqa: E402
     upstream_response_id,
     upstream_sent_usage,
 )
-from .deployments import GuardedDeployment, guard_for, guard_for_deployment  # noqa: E402
+from .deployments import DEFAULT_API_BASE, GuardedDeployment, guard_for, guard_for_deployment  # noqa: E402
 from .refusals import QuotaRefused, QuotaStoreDown, store_failure  # noqa: E402
 
 log = logging.getLogger("volc_quota_guard")
@@ -80,10 +85,21 @@ REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's de
 CLAMP_HEADER = "x-vqg-clamped-max-tokens"
 LIMITS_CACHE_SIZE = 4096  # deployments whose Limits are kept (cleared when full)
 RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
+HEADROOM_HINT_S = 10.0  # a pool's last gate answer in this process says "near the wall" this long
+FALLBACK_LOG_S = 60.0  # a deployment's tokenization failures are logged once a minute
+_WALLS = ("balance_wall", "collection_wall")
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _ark_credentials(kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    """(api_base, api key) of the deployment serving this call, as LiteLLM's volcengine provider
+    resolves them: its litellm_params, else VOLCENGINE_API_BASE / VOLCENGINE_API_KEY."""
+    base = kwargs.get("api_base") or os.environ.get("VOLCENGINE_API_BASE") or DEFAULT_API_BASE
+    key = kwargs.get("api_key") or os.environ.get("VOLCENGINE_API_KEY") or os.environ.get("ARK_API_KEY")
+    return str(base), str(key or "")
 
 
 class QuotaGuard(CustomLogger):
@@ -103,6 +119,12 @@ class QuotaGuard(CustomLogger):
         self._sees_sends = False  # log_pre_api_call fires here, so "never sent" is knowable
         self._routing_reads = RoutingReads()
         self._limits_of: dict[str, tuple[GuardedDeployment, admission.Limits]] = {}  # see _limits
+        self._tokenizers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ArkTokenizer] = (
+            weakref.WeakKeyDictionary())
+        # pool -> (monotonic time, headroom, k) of this process's last reserve answer: a hint of
+        # when to ask Ark for an exact count first (the reserve stays the only authority)
+        self._headroom_seen: dict[str, tuple[float, int, int]] = {}
+        self._fallback_logged: dict[str, float] = {}  # model id -> when its failure was logged
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -124,6 +146,14 @@ class QuotaGuard(CustomLogger):
             client = connect_async(self.config.redis_url, self.config.redis_cluster)
             found = AsyncGate(client, KeySpace(self.config.key_prefix))
             self._gates[loop] = found
+        return found
+
+    def tokenizer(self) -> ArkTokenizer:
+        """The tokenization API client of the running event loop (its cache is per loop)."""
+        loop = asyncio.get_running_loop()
+        found = self._tokenizers.get(loop)
+        if found is None:
+            found = self._tokenizers[loop] = ArkTokenizer()
         return found
 
     @property
@@ -338,17 +368,34 @@ class QuotaGuard(CustomLogger):
             log.exception("⛔ request could not be sized, refused")
             raise refusals.bad_request(f"the quota guard cannot size this request ({type(exc).__name__})",
                                        group, "body") from None
-        inp = sizing.input_tokens
         rid = uuid.uuid4().hex  # never the client-settable call id: see docs/operating.md
         call_id = str(kwargs.get("litellm_call_id") or "")
+        ttl_ms = self.config.reservation_ttl_seconds * 1000
+        limits = self._limits(guard)
+        exact = asked = False
+        if limits.method == "ark-api" and self._exact_first(guard.pool, sizing):
+            asked = True
+            found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)
+            if found is not None:
+                sizing, exact = found, True
         try:
-            d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least,
-                                          self.config.reservation_ttl_seconds * 1000, input_tokens=inp)
+            d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least, ttl_ms,
+                                          input_tokens=sizing.input_tokens, exact=exact)
+            if limits.method == "ark-api" and not asked and not d.admitted and d.reason in _WALLS:
+                # The cheap count × k did not fit: Ark's exact count may (a refusal wrote nothing
+                # under this id, so it is asked again with the exact count).
+                found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)
+                if found is not None:
+                    sizing, exact = found, True
+                    d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least,
+                                                  ttl_ms, input_tokens=sizing.input_tokens, exact=True)
         except (StoreUnavailable, GateError) as exc:
             store_failure(self.fail_open, f"quota store unreachable, {guard.pool} passes unguarded",
                           f"⛔ [STORE-DOWN] quota store unreachable, {guard.pool} refused",
                           refusals.store_down(group, exc), exc)
             return None
+        inp = sizing.input_tokens
+        self._headroom_seen[guard.pool] = (time.monotonic(), d.headroom, d.correction_ppm)
         metrics.reserved(guard.pool, d, sizing.output)
         if not d.admitted:  # what it needed: the prompt as the gate holds it (k applied) + least output
             self._refuse(kwargs, guard, group, state, d,
@@ -366,6 +413,51 @@ class QuotaGuard(CustomLogger):
                         guard.upstream_model, sizing.per_choice, per_choice,
                         f"{d.headroom + d.amount:,}", guard.pool, group, call_id)
         return stamp(kwargs, route, res)
+
+    def _exact_first(self, pool: str, sizing: admission.Sizing) -> bool:
+        """Whether this process's last answer for `pool` (a few seconds old at most) says the
+        cheap count × k would not fit: then Ark is asked before the first reserve, saving one."""
+        seen = self._headroom_seen.get(pool)
+        if seen is None or time.monotonic() - seen[0] > HEADROOM_HINT_S:
+            return False
+        _, headroom, k = seen
+        return corrected(sizing.input_tokens, k) + sizing.output > headroom
+
+    async def _exact_sizing(self, guard: GuardedDeployment, kwargs: Mapping[str, Any],
+                            route: admission.Route, limits: admission.Limits, chain: int | None,
+                            cheap: admission.Sizing) -> admission.Sizing | None:
+        """The sizing with Ark's tokenization API counting each text (cached per text), or None
+        when Ark did not answer (the caller keeps the cheap count × k: never less)."""
+        try:
+            collect = admission.ExactCounts()
+            await self._size(kwargs, route, replace(limits, exact=collect), chain)
+            texts = list(dict.fromkeys(collect.texts))
+            base, key = _ark_credentials(kwargs)
+            counts = await self.tokenizer().count_many(base, key, guard.upstream_model, texts) \
+                if key else None
+            if counts is None:
+                self._exact_failed(guard, self.tokenizer().last_error if key else "no API key")
+                return None
+            exact = admission.ExactCounts(dict(zip(texts, counts, strict=True)))
+            sizing = await self._size(kwargs, route, replace(limits, exact=exact), chain)
+        except Exception as exc:  # noqa: BLE001  the cheap count stands: never a 500 from here
+            log.exception("exact count failed")
+            self._exact_failed(guard, type(exc).__name__)
+            return None
+        metrics.exact_count(guard.pool, "exact")
+        log.info("🔢 [EXACT] %s: input %d (cheap) -> %d (Ark's count + template) pool=%s call=%s",
+                 guard.upstream_model, cheap.input_tokens, sizing.input_tokens, guard.pool,
+                 kwargs.get("litellm_call_id"))
+        return sizing
+
+    def _exact_failed(self, guard: GuardedDeployment, why: str) -> None:
+        metrics.exact_count(guard.pool, "fallback")
+        now = time.monotonic()
+        if now - self._fallback_logged.get(guard.model_id, -FALLBACK_LOG_S) >= FALLBACK_LOG_S:
+            self._fallback_logged[guard.model_id] = now
+            log.warning("⚠️ [EXACT-FALLBACK] %s: Ark's tokenization API failed (%s); reserving at "
+                        "the cheap count × k (logged once a minute) pool=%s deployment=%s",
+                        guard.upstream_model, why, guard.pool, guard.model_id)
 
     async def _known_chain(self, guard: GuardedDeployment, kwargs: Mapping[str, Any],
                            route: admission.Route) -> int | None:

@@ -65,6 +65,7 @@ class ArkTokenizer:
         self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport)
         self.calls = 0  # requests sent (cache misses that reached the network)
         self.failures = 0
+        self.last_error = ""  # why the last failed call failed, for the caller's (rate-limited) log
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -117,8 +118,10 @@ class ArkTokenizer:
             return counts
         except (httpx.HTTPError, TimeoutError, ValueError) as exc:  # bad JSON is a ValueError
             self.failures += 1
-            log.warning("volc_quota_guard: Ark tokenization for %s failed (%s: %s); "
-                        "counting without it", model, type(exc).__name__, str(exc)[:120])
+            self.last_error = f"{type(exc).__name__}: {str(exc)[:120]}"
+            # The hook logs a warning once per deployment a minute; every failure is here at debug.
+            log.debug("volc_quota_guard: Ark tokenization for %s failed (%s); counting without it",
+                      model, self.last_error)
             return None
 
 

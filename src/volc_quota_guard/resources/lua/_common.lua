@@ -1,5 +1,5 @@
 -- Shared prelude, prepended to every gate script (see gate.py).
--- KEYS: 1 state (hash), 2 reservations (hash id -> "amount:deadline:est:est_reserved"), 3 deadlines (zset),
+-- KEYS: 1 state (hash), 2 reservations (hash id -> "amount:deadline:est:est_reserved[:x]"), 3 deadlines (zset),
 --       4 resolved (hash id -> "how:counted"), 5 resolved_at (zset), 6 timeline (hash minute -> usage),
 --       7 timeline index (zset).  Amounts are tokens, times are ms since the epoch.
 local unpack = unpack or table.unpack  -- Lua 5.1 in Redis, 5.4 in the embedded store
@@ -18,6 +18,10 @@ local PPM = 1000000
 local CORR_HALF_LIFE_MS = 86400000     -- k's excess over 1.0 halves per day without a new peak
 local CORR_MIN_INPUT = 200             -- smaller estimates are mostly chat-template overhead
 local CORR_MIN, CORR_MAX = 1700000, 3000000  -- defaults when a snapshot does not say
+-- An exact count (Ark's tokenization API) is its own class: its own learned correction kx, at
+-- least XCORR_FLOOR (template and version drift), learning up to the pool's corr_max; in the
+-- miscount risk its prompts are held to XCORR_CEIL (an exact count is off by drift, not 3x).
+local XCORR_FLOOR, XCORR_CEIL = 1100000, 1500000
 
 local function int_arg(v, lo, hi)
   if type(v) ~= 'string' or #v == 0 or #v > 16 or not string.match(v, '^%d+$') then return nil end
@@ -49,7 +53,18 @@ local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buf
   -- lifetime usage under hold_cap until a snapshot without one; hist_lost = a process saw the
   -- previous generation (lost state, not a first start). On the Beijing day day_lost the daily
   -- cap is lowered by day_margin: usage of that day the guard did not see.
-  'hist_at', 'hist_lost', 'hold_until', 'hold_cap', 'day_lost', 'day_margin'}
+  'hist_at', 'hist_lost', 'hold_until', 'hold_cap', 'day_lost', 'day_margin',
+  -- Today's count reconciled from the billing API (snapshot.lua): on Beijing day dr_day, today's
+  -- usage up to the API's settled-through point is at most dr_chain, what came later at most what
+  -- the guard counted since its lifetime usage was dr_from; the lowest such bound a sync found,
+  -- dr_best at lifetime usage dr_ucum, is what the cap counts (plus what was counted since).
+  'dr_day', 'dr_chain', 'dr_from', 'dr_best', 'dr_ucum',
+  -- Lifetime usage counted without a measurement (a reservation kept whole: usage missing, or
+  -- expired): the timeline carries it so the lag observer can read what surely ran.
+  'unsure',
+  -- The exact-count class (reserve's 'exact'): its peak ratio, when and how often measured, and
+  -- the in-flight sums of its estimated and reserved input (the fields above are the cheap class).
+  'xcorr', 'xcorr_at', 'xcorr_n', 'inflight_xest', 'inflight_xest_res'}
 
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
@@ -74,43 +89,65 @@ local function save(st)
   redis.call('HSET', K_STATE, unpack(args))
 end
 
--- A reservation record: amount, deadline, estimated input, input reserved for it (k applied).
+-- A reservation record: amount, deadline, estimated input, input reserved for it (k applied),
+-- and 'x' when the estimate is an exact count (older records have no class: cheap).
 local function parse_res(rec)
-  local amount, deadline, est, est_res = string.match(rec, '^(%d+):(%d+):?(%d*):?(%d*)$')
-  return tonumber(amount), tonumber(deadline), tonumber(est) or 0, tonumber(est_res) or 0
+  local amount, deadline, est, est_res, class = string.match(rec, '^(%d+):(%d+):?(%d*):?(%d*):?(x?)$')
+  return tonumber(amount), tonumber(deadline), tonumber(est) or 0, tonumber(est_res) or 0, class == 'x'
 end
 
--- The measured peak ratio, its excess over 1.0 halved for each day since it was seen.
-local function decayed_peak(st, now)
-  if st.corr <= PPM then return PPM end
-  local halvings = math.min(60, math.floor(math.max(0, now - st.corr_at) / CORR_HALF_LIFE_MS))
-  return PPM + math.floor((st.corr - PPM) / 2 ^ halvings)
+-- A measured peak ratio, its excess over 1.0 halved for each day since it was seen.
+local function decay(peak, at, now)
+  if peak <= PPM then return PPM end
+  local halvings = math.min(60, math.floor(math.max(0, now - at) / CORR_HALF_LIFE_MS))
+  return PPM + math.floor((peak - PPM) / 2 ^ halvings)
 end
 
 -- k now: the decayed peak within [corr_min, corr_max]. The floor is also k before any
 -- measurement: it covers a traffic class the pool has not seen yet.
 local function correction(st, now)
-  return math.min(math.max(decayed_peak(st, now), st.corr_min), st.corr_max)
+  return math.min(math.max(decay(st.corr, st.corr_at, now), st.corr_min), st.corr_max)
+end
+
+-- The exact class's most: the pool's corr_max (what a measurement may teach), never under its floor.
+local function xcorr_max(st) return math.max(st.corr_max, XCORR_FLOOR) end
+
+-- kx now: the exact class's decayed peak within [XCORR_FLOOR, xcorr_max].
+local function xcorrection(st, now)
+  return math.min(math.max(decay(st.xcorr, st.xcorr_at, now), XCORR_FLOOR), xcorr_max(st))
 end
 
 local function corrected(est, k) return math.floor((est * k + PPM - 1) / PPM) end  -- ceil(est * k)
 
--- A measured settle: its ratio becomes the peak when it reaches the decayed one. Estimated and
--- missing usage never come here, so they can never lower k.
-local function observe(st, est, measured, now)
+-- A measured settle: its ratio becomes its class's peak when it reaches the decayed one.
+-- Estimated and missing usage never come here, so they can never lower k or kx.
+local function observe(st, est, measured, now, exact)
   if est < CORR_MIN_INPUT then return end
-  local ratio = math.min(math.floor((measured * PPM + est - 1) / est), st.corr_max)
-  st.corr_n = math.min(st.corr_n + 1, 1000000000)
-  if ratio >= decayed_peak(st, now) then st.corr, st.corr_at = ratio, now end
-  st.k = correction(st, now)
+  local top = exact and xcorr_max(st) or st.corr_max
+  local ratio = math.min(math.floor((measured * PPM + est - 1) / est), top)
+  if exact then
+    st.xcorr_n = math.min(st.xcorr_n + 1, 1000000000)
+    if ratio >= decay(st.xcorr, st.xcorr_at, now) then st.xcorr, st.xcorr_at = ratio, now end
+  else
+    st.corr_n = math.min(st.corr_n + 1, 1000000000)
+    if ratio >= decay(st.corr, st.corr_at, now) then st.corr, st.corr_at = ratio, now end
+  end
+  st.k, st.kx = correction(st, now), xcorrection(st, now)
 end
 
--- Drop one reservation from the in-flight sums.
-local function unreserve(st, amount, est, est_res)
-  st.inflight = st.inflight - amount
-  st.inflight_est = st.inflight_est - est
-  st.inflight_est_res = st.inflight_est_res - est_res
+-- Add (sign 1) or drop (sign -1) one reservation in the in-flight sums of its class.
+local function inflight_add(st, sign, amount, est, est_res, exact)
+  st.inflight = st.inflight + sign * amount
+  if exact then
+    st.inflight_xest = st.inflight_xest + sign * est
+    st.inflight_xest_res = st.inflight_xest_res + sign * est_res
+  else
+    st.inflight_est = st.inflight_est + sign * est
+    st.inflight_est_res = st.inflight_est_res + sign * est_res
+  end
 end
+
+local function unreserve(st, amount, est, est_res, exact) inflight_add(st, -1, amount, est, est_res, exact) end
 
 local function roll_day(st, now)
   local today = day_of(now)
@@ -121,12 +158,16 @@ local function roll_day(st, now)
   end
 end
 
-local function add_usage(st, n, now)
+-- A timeline minute: "lifetime usage:of it unsure" (older entries: just the usage).
+local function tl_usage(v) return tonumber(string.match(v or '', '^(%d+)')) or 0 end
+
+local function add_usage(st, n, now, unsure)
   if n <= 0 then return end
   st.ucum = st.ucum + n
   st.day_usage = st.day_usage + n
+  if unsure then st.unsure = st.unsure + n end
   local minute = math.floor(now / 60000)
-  redis.call('HSET', K_TL, minute, string.format('%d', st.ucum))
+  redis.call('HSET', K_TL, minute, string.format('%d:%d', st.ucum, st.unsure))
   redis.call('ZADD', K_TL_IDX, minute, minute)
 end
 
@@ -142,10 +183,10 @@ local function sweep(st, now)
     local rec = redis.call('HGET', K_RES, id)
     redis.call('ZREM', K_DL, id)
     if rec then
-      local amount, _, est, est_res = parse_res(rec)
+      local amount, _, est, est_res, exact = parse_res(rec)
       redis.call('HDEL', K_RES, id)
-      unreserve(st, amount, est, est_res)
-      add_usage(st, amount, now)
+      unreserve(st, amount, est, est_res, exact)
+      add_usage(st, amount, now, true)
       resolve(id, 'expired', amount, now)
       st.expired_count = st.expired_count + 1
     end
@@ -161,7 +202,7 @@ local function trim(st, now)
   local minutes = redis.call('ZRANGEBYSCORE', K_TL_IDX, '-inf', math.floor((now - TIMELINE_MS) / 60000),
     'LIMIT', 0, TRIM_LIMIT)
   for _, m in ipairs(minutes) do
-    local u = tonumber(redis.call('HGET', K_TL, m)) or 0
+    local u = tl_usage(redis.call('HGET', K_TL, m))
     if u > st.tl_floor then st.tl_floor = u end
     redis.call('HDEL', K_TL, m)
     redis.call('ZREM', K_TL_IDX, m)
@@ -173,7 +214,7 @@ local function housekeep(st, now)
   roll_day(st, now)
   sweep(st, now)
   trim(st, now)
-  st.k = correction(st, now)
+  st.k, st.kx = correction(st, now), xcorrection(st, now)
 end
 
 local function wall_balance(st)
@@ -188,20 +229,33 @@ local function day_cap(st)
   return st.cap
 end
 
--- In-flight requests reserved with a k lower than today's may each use that much more input.
-local function margin(st)
-  return math.max(0, corrected(st.inflight_est, st.k) - st.inflight_est_res)
+-- Today's usage as the daily cap counts it: the guard's own count, or less where the billing
+-- API showed the day used less (usage the guard kept whole because it was never reported).
+local function day_count(st)
+  if st.dr_day ~= st.day then return st.day_usage end
+  return math.min(st.day_usage, st.dr_best + math.max(0, st.ucum - st.dr_ucum))
 end
 
--- What the in-flight prompts, plus one of `est` reserved as `est_res`, could use beyond what the
--- walls already hold if each were corr_max times its count: a class the pool never measured.
-local function miscount_risk(st, est, est_res)
-  return corrected(st.inflight_est + est, st.corr_max) - (st.inflight_est_res + est_res) - margin(st)
+-- In-flight requests reserved with a k (kx) lower than today's may each use that much more input.
+local function cheap_margin(st) return math.max(0, corrected(st.inflight_est, st.k) - st.inflight_est_res) end
+local function exact_margin(st) return math.max(0, corrected(st.inflight_xest, st.kx) - st.inflight_xest_res) end
+local function margin(st) return cheap_margin(st) + exact_margin(st) end
+
+-- What the in-flight prompts, plus one of `est` reserved as `est_res` (exact: an exact count),
+-- could use beyond what the walls already hold were each cheap count corr_max times too low (a
+-- class the pool never measured) and each exact count XCORR_CEIL times (at most corr_max).
+local function miscount_risk(st, est, est_res, exact)
+  local ce, cr, xe, xr = 0, 0, 0, 0
+  if exact then xe, xr = est, est_res else ce, cr = est, est_res end
+  local cheap = corrected(st.inflight_est + ce, st.corr_max) - (st.inflight_est_res + cr) - cheap_margin(st)
+  local xceil = math.min(XCORR_CEIL, xcorr_max(st))
+  local exact_risk = corrected(st.inflight_xest + xe, xceil) - (st.inflight_xest_res + xr) - exact_margin(st)
+  return math.max(0, cheap) + math.max(0, exact_risk)
 end
 
 local function headrooms(st)
   local held = st.inflight + margin(st)
-  return wall_balance(st) - (st.ucum + held), day_cap(st) - (st.day_usage + held)
+  return wall_balance(st) - (st.ucum + held), day_cap(st) - (day_count(st) + held)
 end
 
 -- Soft-evict: a pool with less headroom than evict_below leaves routing until the next
@@ -221,6 +275,6 @@ local function answer(st, status, reason, amount, overrun, input_reserved)
   local hb, hc = headrooms(st)
   local held = st.inflight + margin(st)
   return {status, reason, amount, math.min(hb, hc), st.ucum + held, wall_balance(st),
-    st.day_usage + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
+    day_count(st) + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
     input_reserved or 0, st.k or PPM}
 end

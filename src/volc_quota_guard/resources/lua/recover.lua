@@ -18,6 +18,9 @@ if st.hist_at == gen then
   if day == st.day and seen > st.day_usage then
     raised = seen - st.day_usage
     st.day_usage = seen
+    if st.dr_day == st.day then  -- the reconciled count too
+      st.dr_chain, st.dr_best = st.dr_chain + raised, st.dr_best + raised
+    end
   end
 end
 update_eviction(st)

@@ -11,11 +11,11 @@ housekeep(st, now)
 local reason, amount = 'unknown_id', 0
 local live = redis.call('HGET', K_RES, id)
 if live then
-  local reserved, _, est, est_res = parse_res(live)
+  local reserved, _, est, est_res, exact = parse_res(live)
   amount = reserved
   redis.call('HDEL', K_RES, id)
   redis.call('ZREM', K_DL, id)
-  unreserve(st, amount, est, est_res)
+  unreserve(st, amount, est, est_res, exact)
   resolve(id, 'released', 0, now)
   reason = 'released'
 elseif redis.call('HEXISTS', K_DONE, id) == 1 then

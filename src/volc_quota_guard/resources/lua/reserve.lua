@@ -1,8 +1,9 @@
 -- ARGV: now_ms ('' = server TIME), request id, amount wanted, least amount acceptable, ttl_ms,
--- estimated input ('' = 0: the part of both amounts that is the tokenizer's prompt count).
--- The estimated input is reserved as ceil(est * k); grants min(wanted, headroom) when that is
--- at least the least acceptable amount (both with k applied), and only while the walls would
--- hold were every in-flight prompt corr_max times its count.
+-- estimated input ('' = 0: the part of both amounts that is the tokenizer's prompt count),
+-- counting class ('' = cheap; 'exact' = an exact count, e.g. Ark's tokenization API).
+-- The estimated input is reserved as ceil(est * k) (exact: kx); grants min(wanted, headroom)
+-- when that is at least the least acceptable amount (both with k applied), and only while the
+-- walls would hold were every in-flight prompt miscounted by its class's ceiling.
 local now = read_now(ARGV[1])
 local id = ARGV[2]
 local wanted = int_arg(ARGV[3], 1, MAX_REQUEST)
@@ -15,11 +16,14 @@ if not wanted or not least or not est then
   return err('bad_amount', 'amounts must be integers, 0 <= input <= least <= wanted <= ' .. MAX_REQUEST)
 end
 if not ttl then return err('bad_ttl', 'ttl must be 1000-604800000 ms') end
+local class = ARGV[7] or ''
+if class ~= '' and class ~= 'exact' then return err('bad_class', "counting class must be '' or 'exact'") end
+local exact = class == 'exact'
 
 local st = load()
 if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
 housekeep(st, now)
-local reason, granted, status, est_res = nil, 0, 'refused', corrected(est, st.k)
+local reason, granted, status, est_res = nil, 0, 'refused', corrected(est, exact and st.kx or st.k)
 local live = redis.call('HGET', K_RES, id)
 if live then
   local amount, _, _, held_res = parse_res(live)
@@ -34,16 +38,15 @@ else
   -- Even were every in-flight prompt corr_max times its count, usage stays within the true free
   -- balance (the wall plus the buffer) and the daily cap: this bounds a first wave of a class
   -- the pool has never measured, before any settle can raise k.
-  local risk = miscount_risk(st, est, est_res)
+  local risk = miscount_risk(st, est, est_res, exact)
   hb, hc = math.min(hb, hb + st.buffer - risk), math.min(hc, hc - risk)
   local grant = math.min(wanted + extra, hb, hc)
   if grant >= least + extra then
     status, reason, granted = 'ok', 'admitted', grant
-    redis.call('HSET', K_RES, id, string.format('%d:%d:%d:%d', grant, now + ttl, est, est_res))
+    redis.call('HSET', K_RES, id, string.format('%d:%d:%d:%d', grant, now + ttl, est, est_res)
+      .. (exact and ':x' or ''))
     redis.call('ZADD', K_DL, now + ttl, id)
-    st.inflight = st.inflight + grant
-    st.inflight_est = st.inflight_est + est
-    st.inflight_est_res = st.inflight_est_res + est_res
+    inflight_add(st, 1, grant, est, est_res, exact)
   elseif hb <= hc then
     reason = 'balance_wall'
   else

@@ -22,16 +22,16 @@ local reason, counted, above = nil, 0, false
 local live = redis.call('HGET', K_RES, id)
 local done = redis.call('HGET', K_DONE, id)
 if live then
-  local reserved, _, est, est_res = parse_res(live)
+  local reserved, _, est, est_res, exact = parse_res(live)
   redis.call('HDEL', K_RES, id)
   redis.call('ZREM', K_DL, id)
-  unreserve(st, reserved, est, est_res)
+  unreserve(st, reserved, est, est_res, exact)
   counted = actual or reserved
   above = counted > reserved
   reason = 'settled'
-  add_usage(st, counted, now)
+  add_usage(st, counted, now, actual == nil)
   resolve(id, 'settled', counted, now)
-  if measured and actual then observe(st, est, measured, now) end
+  if measured and actual then observe(st, est, measured, now, exact) end
 elseif done then
   local how, before = string.match(done, '^(%a+):(%d+)$')
   before = tonumber(before)

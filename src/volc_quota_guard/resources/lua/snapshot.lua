@@ -3,7 +3,10 @@
 -- valid_until_ms, evict_below, packages (JSON, for `status`; KEYS[8]), the estimate correction's
 -- floor and bound (ppm; '' = the defaults), hold_until (ms; '' or 0 = no hold) and hold_cap (the
 -- most lifetime usage may reach while held), and the tokens of today the guard did not see
--- when this call creates the state ('' = 0).  Installs the pool's snapshot, all of it in one
+-- when this call creates the state ('' = 0); then today's count from the billing API: the
+-- consumption the API settled since the previous sync at most ('' = not bounded: count from
+-- here), that sync's time (ms, 0 = none) and the guard's lifetime usage a reconcile lag ago.
+-- Installs the pool's snapshot, all of it in one
 -- step; counters (and what the correction learned) are kept. The call that creates the state
 -- stamps where the pool's history begins (hist_at, also its generation).
 local now = read_now(ARGV[1])
@@ -31,6 +34,16 @@ if ARGV[14] ~= nil and ARGV[14] ~= '' then
   if not unseen then return err('bad_amount', 'unseen day usage must be a non-negative integer') end
 end
 
+local function optional(i, hi)  -- '' or absent: nil; else a bounded integer, or false when bad
+  if ARGV[i] == nil or ARGV[i] == '' then return nil end
+  return int_arg(ARGV[i], 0, hi) or false
+end
+local step, since, from = optional(15, MAX_AMOUNT), optional(16, MAX_TIME), optional(17, MAX_AMOUNT)
+if step == false or since == false or from == false then
+  return err('bad_amount', 'day reconcile: step, since and from must be non-negative integers')
+end
+since = since or 0
+
 local st = load()
 if not st.exists then
   st.day, st.hist_at = day_of(now), now
@@ -46,7 +59,22 @@ st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been
 st.snap_seq = st.snap_seq + 1
 st.hold_until, st.hold_cap = hold_until, hold_cap
 st.corr_min, st.corr_max = corr_min, corr_max
-st.k = correction(st, now)
+st.k, st.kx = correction(st, now), xcorrection(st, now)
+-- Today's count (day_count): the chain of what the API settled, from a sync before midnight
+-- (nothing of today before it) or from a sync of today whose own count bounds what came before.
+-- Each sync's bound (the chain + what was counted since `from`) can only lower the count.
+-- Where our history is too short to say what we counted since the API's settled point, the
+-- last known point stays (an earlier one: it only counts more).
+local counted = day_count(st)
+if step and st.dr_day == st.day then
+  st.dr_chain, st.dr_from = st.dr_chain + step, from or st.dr_from
+elseif step and since > 0 and day_of(since) < st.day then
+  st.dr_day, st.dr_chain, st.dr_from = st.day, step, from or st.dr_from
+else
+  st.dr_day, st.dr_chain, st.dr_from = st.day, st.day_usage + st.inflight, st.ucum
+end
+st.dr_best = math.min(counted, st.dr_chain + math.max(0, st.ucum - st.dr_from))
+st.dr_ucum = st.ucum
 update_eviction(st)
 save(st)
 redis.call('SET', KEYS[8], ARGV[9] or '[]')
