@@ -276,20 +276,16 @@ def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,
     """
     reconcile = lag_ms + DAY_LAG_PAD_MS
 
-    def ours_since(ms: int) -> int | None:
-        # Our count from `ms` on is a bound only where our history and this read reach back.
-        if ms < history_start_ms:
-            return None
-        counted = usage.usage_before(ms)
-        return None if counted is None else usage.lifetime_usage - counted
+    def counted_at(ms: int) -> int | None:
+        # Our count since `ms` bounds what ran since only where our history and this read reach.
+        return None if ms < history_start_ms else usage.usage_before(ms)
 
-    counted_since = ours_since(now_ms - reconcile)
-    counted_from = None if counted_since is None else usage.lifetime_usage - counted_since
+    counted_from = counted_at(now_ms - reconcile)
     if not previous_ms:
         return None, counted_from
-    ours = ours_since(previous_ms - reconcile)
-    bounds = [b for b in (_settled_by_packages(before, gone, packages),
-                          None if ours is None else ours + usage.inflight) if b is not None]
+    window_from = counted_at(previous_ms - reconcile)
+    ours = None if window_from is None else usage.lifetime_usage - window_from + usage.inflight
+    bounds = [b for b in (_settled_by_packages(before, gone, packages), ours) if b is not None]
     return (min(bounds) if bounds else None), counted_from
 
 

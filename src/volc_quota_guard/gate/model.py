@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..clock import beijing_day
 from ..errors import GateError
-from .values import MAX_AMOUNT, MAX_REQUEST, MAX_TIME, PPM, Decision, Snapshot
+from .values import MAX_AMOUNT, MAX_REQUEST, MAX_TIME, PPM, Decision, Snapshot, corrected
 
 RESOLVED_MS = 21_600_000  # resolved ids: 6 h
 TIMELINE_MS = 172_800_000  # timeline minutes: 48 h
@@ -21,11 +21,6 @@ CORR_HALF_LIFE_MS = 86_400_000  # the correction's excess over 1.0 halves per da
 CORR_MIN_INPUT = 200  # estimates smaller than this teach nothing (template overhead)
 XCORR_FLOOR = 1_100_000  # the exact class's least factor (template and version drift)
 XCORR_CEIL = 1_500_000  # the exact class's miscount ceiling in the admission's risk
-
-
-def corrected(est: int, k: int) -> int:
-    """ceil(est × k): the input reserved for a prompt the tokenizer counted as `est`."""
-    return (est * k + PPM - 1) // PPM
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,12 @@ MAX_AMOUNT = 10**15  # any snapshot amount
 MAX_TIME = 4_102_444_800_000  # 2100-01-01: "until the next snapshot" (evicted at the balance wall)
 
 
+def corrected(est: int, k: int) -> int:
+    """ceil(est × k / PPM): the input reserved for a prompt the tokenizer counted as `est`
+    (the Lua's `corrected`)."""
+    return (est * k + PPM - 1) // PPM
+
+
 @dataclass(frozen=True)
 class Decision:
     """The gate's answer. `amount` is what was granted, counted or released."""

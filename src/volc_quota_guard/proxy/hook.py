@@ -53,8 +53,8 @@ from .. import admission, estimate, metrics  # noqa: E402
 from ..config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
 from ..errors import GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
 from ..gate import AsyncGate, Decision, KeySpace  # noqa: E402
-from ..gate.model import corrected  # noqa: E402
 from ..gate.store import connect_async  # noqa: E402
+from ..gate.values import corrected  # noqa: E402
 from ..outcome import failure_action, read_usage  # noqa: E402
 from ..volcengine.volc_tokenize import ArkTokenizer  # noqa: E402
 from . import loglines, refusals  # noqa: E402
@@ -395,7 +395,8 @@ class QuotaGuard(CustomLogger):
                           refusals.store_down(group, exc), exc)
             return None
         inp = sizing.input_tokens
-        self._headroom_seen[guard.pool] = (time.monotonic(), d.headroom, d.correction_ppm)
+        if limits.method == "ark-api":  # the hint only ark-api deployments read (_exact_first)
+            self._headroom_seen[guard.pool] = (time.monotonic(), d.headroom, d.correction_ppm)
         metrics.reserved(guard.pool, d, sizing.output)
         if not d.admitted:  # what it needed: the prompt as the gate holds it (k applied) + least output
             self._refuse(kwargs, guard, group, state, d,
