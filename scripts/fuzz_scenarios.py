@@ -49,6 +49,12 @@ def main() -> int:
           f"served {served:,} tokens · refused while free {refused:,} "
           f"({refused / max(served, 1):.1%} of served) · stranded {stranded:,} "
           f"({stranded / max(served, 1):.1%} of served)")
+    for name, part in (("cheap counts", [c for c in cases if not c.exact]),
+                       ("exact counts", [c for c in cases if c.exact])):
+        got = sum(c.served_tokens for c in part)
+        print(f"  {name}: {len(part)} scenarios · served {got:,} · refused while free "
+              f"{sum(c.refused_while_free for c in part) / max(got, 1):.1%} · stranded "
+              f"{sum(c.stranded for c in part) / max(got, 1):.1%}")
     if args.worst:
         for c in sorted(cases, key=lambda c: c.refused_while_free + c.stranded, reverse=True)[:args.worst]:
             print(f"  seed {c.seed}: served {c.served_tokens:,} refused while free "

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from volc_quota_guard import counting
-from volc_quota_guard.counting import CORRECTION_FLOOR_PPM, count_chat, count_text, method_for
+from volc_quota_guard.counting import count_chat, count_text, method_for
 from volc_quota_guard.errors import ConfigError
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.fake.tokenize_api import tokenize_control
-from volc_quota_guard.volcengine.volc_tokenize import ArkTokenizer, chat_count
+from volc_quota_guard.volcengine.volc_tokenize import ArkTokenizer
 
 API_KEY = "ark-key-a"
 ACCOUNTS = {"acct-a": ("AKLTcountA00000000001", "secret-count-a", API_KEY)}
@@ -215,13 +215,17 @@ def test_a_malformed_message_raises_for_the_caller_to_count_bytes() -> None:
         count_chat("deepseek", ["not a message"], None)  # type: ignore[list-item]
 
 
-def test_floors_exact_methods_low_cl100k_at_todays_default() -> None:
-    """Every method has a floor; an exact count needs less than cl100k, which keeps 1.7."""
-    assert set(CORRECTION_FLOOR_PPM) == set(counting.METHODS)
-    assert CORRECTION_FLOOR_PPM["cl100k"] == 1_700_000
-    assert CORRECTION_FLOOR_PPM["ark-api"] == 1_700_000  # its cheap count is the cl100k count
-    assert 1_000_000 < CORRECTION_FLOOR_PPM["deepseek"] <= 1_150_000
-    assert 1_000_000 < counting.ARK_API_FLOOR_PPM < CORRECTION_FLOOR_PPM["ark-api"]
+def test_the_exact_class_bounds_are_the_gates() -> None:
+    """counting's exact floor and ceiling are the ones the gate's Lua and its reference model use."""
+    from importlib import resources
+
+    from volc_quota_guard.gate import model
+
+    lua = resources.files("volc_quota_guard.resources.lua").joinpath("_common.lua").read_text()
+    bounds = f"local XCORR_FLOOR, XCORR_CEIL = {counting.EXACT_FLOOR_PPM}, {counting.EXACT_CEILING_PPM}"
+    assert bounds in lua
+    assert (model.XCORR_FLOOR, model.XCORR_CEIL) == (counting.EXACT_FLOOR_PPM, counting.EXACT_CEILING_PPM)
+    assert 1_000_000 < counting.EXACT_FLOOR_PPM < counting.EXACT_CEILING_PPM < 1_700_000
 
 
 # --- Ark's tokenization API -------------------------------------------------------------------
@@ -321,23 +325,3 @@ def test_a_wrong_key_or_no_server_gives_none() -> None:
     assert asyncio.run(gone()) is None
 
 
-@pytest.mark.parametrize("mode", ["ok", "error", "hang", "garbage", "wrong"])
-def test_chat_count_uses_arks_count_or_falls_back_to_cl100k_times_k(ark: FakeVolcengine, mode: str) -> None:
-    """With an answer: Ark's count + 8 per message at 1.1; on any failure: cl100k at 1.7."""
-    control = tokenize_control(ark)
-    control.mode, control.hang_s = mode, 1.0  # type: ignore[assignment]
-    msgs = [{"role": "system", "content": "你是一个助手。"}, _user("写一首关于秋天的诗。")]
-
-    async def main() -> tuple[int, int]:
-        client = ArkTokenizer(timeout_s=0.2)
-        try:
-            return await chat_count(client, ark.ark_base_url, API_KEY, DOUBAO, msgs, None)
-        finally:
-            await client.aclose()
-
-    tokens, floor = asyncio.run(main())
-    if mode == "ok":
-        exact = sum(count_text("deepseek", str(m["content"])) for m in msgs)
-        assert (tokens, floor) == (exact + 2 * counting.ARK_API_MESSAGE_TOKENS, counting.ARK_API_FLOOR_PPM)
-    else:
-        assert (tokens, floor) == (count_chat("ark-api", msgs, None), CORRECTION_FLOOR_PPM["ark-api"])

@@ -198,18 +198,20 @@ class ConsumeTask:
                 run.stop = f"{d.binding_wall} wall near (headroom {d.headroom:,})"
                 return
             output = min(cfg.consume_output_tokens, budget // 2)
-            # The prompt is sized so that the gate, holding it times the pool's estimate
-            # correction k (as for proxied requests), reserves no more than the budget.
-            # Counted like the pool's proxied requests (the sync floors k by that method).
+            # Counted like the pool's proxied requests, in the same class (a DeepSeek count is
+            # exact), and sized so that the gate, holding the prompt times that class's
+            # correction, reserves no more than the budget.
             limits = replace(_CONSUME_LIMITS, method=counting.method_for(target.model, {}))
-            messages, _ = consume_messages(int((budget - output) * PPM / d.correction_ppm),
-                                           limits.method)
+            exact = limits.method == "deepseek"
+            k = d.exact_correction_ppm if exact else d.correction_ppm
+            messages, _ = consume_messages(int((budget - output) * PPM / k), limits.method)
             # Sized by the rule the proxy's gate uses, from the body ArkChat sends.
             need = admission.size({"messages": messages, "max_completion_tokens": output},
                                   admission.ROUTES["acompletion"], limits)
             rid = f"consume:{self.owner[:12]}:{day}:{run.calls}"
             ttl = max(cfg.reservation_ttl_seconds, int(cfg.consume_timeout_seconds) + 60) * 1000
-            granted = self.gate.reserve(pool, rid, need.wanted, ttl_ms=ttl, input_tokens=need.input_tokens)
+            granted = self.gate.reserve(pool, rid, need.wanted, ttl_ms=ttl, input_tokens=need.input_tokens,
+                                        exact=exact)
             if not granted.admitted:
                 run.stop = f"the gate refused the call ({granted.reason})"
                 return

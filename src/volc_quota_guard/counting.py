@@ -48,27 +48,21 @@ METHODS: tuple[Method, ...] = get_args(Method)
 TOKENIZER_FIELD = "vqg_tokenizer"
 CL100K_MODEL = "volcengine/unknown"  # no Ark tokenizer in LiteLLM: resolves to cl100k
 
-# The least factor on a method's count, in parts per million (1_000_000 = the count itself).
+# An exact count (the DeepSeek tokenizer offline, Ark's tokenization API for Doubao) is reserved
+# in the gate's exact class (gate.md, "Exact counts"), whose least factor is EXACT_FLOOR_PPM.
 # deepseek: the tokenizer is identical across DeepSeek V3, V3.1, V3.2, R1 and V4 (0 tokens
 # apart on 530k characters of Chinese, English, code and JSON), so what is left is the
 # template Ark actually serves (V3.2's and V4's differ by a token per turn and in the tools
 # prompt) and whatever Ark adds unseen: 1.10 covers 3 unknown tokens on a 30-token message
-# and 10% on a long one; the learned correction rises above it if Ark counts more.
-# cl100k and the ark-api fallback keep 1.7 (VQG_ESTIMATE_CORRECTION_MIN's default).
-CORRECTION_FLOOR_PPM: Mapping[Method, int] = {
-    "deepseek": 1_100_000,
-    "cl100k": 1_700_000,
-    "ark-api": 1_700_000,
-}
-# The most a method's count may be under Ark's, in ppm: the ceiling k can learn up to, and the
-# miscount admission holds in-flight prompts to near a wall (gate.md, "the ceiling bound").
-# An exact count is off by template and version drift only (measured under 5%): 1.5 leaves
-# ten times that. cl100k and the ark-api fallback take VQG_ESTIMATE_CORRECTION_MAX (3.0).
-CORRECTION_CEILING_PPM: Mapping[Method, int] = {"deepseek": 1_500_000}
-# A count Ark's tokenization API returned is exact text but without the chat template, which
-# Ark does not publish for Doubao: the same floor as an exact offline count, plus a per-message
-# allowance for the template (above DeepSeek's 3, as an unknown template should be).
-ARK_API_FLOOR_PPM = 1_100_000
+# and 10% on a long one; the class's learned correction rises above it if Ark counts more.
+# The miscount admission holds an exact class's in-flight prompts to, near a wall, is
+# EXACT_CEILING_PPM: an exact count is off by template and version drift (measured under 5%),
+# not by a factor of 3. Both are the gate's XCORR_FLOOR / XCORR_CEIL (_common.lua).
+# cl100k counts (and the ark-api fallback) are the cheap class: VQG_ESTIMATE_CORRECTION_MIN/_MAX.
+EXACT_FLOOR_PPM = 1_100_000
+EXACT_CEILING_PPM = 1_500_000
+# Ark's tokenization API counts text without the chat template, which Ark does not publish for
+# Doubao: a per-message allowance for it (above DeepSeek's 3, as an unknown template should be).
 ARK_API_MESSAGE_TOKENS = 8
 
 IMAGE_PART_TOKENS = 4_096  # as estimate.py: a high-detail image is at most a few thousand

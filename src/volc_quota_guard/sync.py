@@ -83,24 +83,6 @@ class SyncOutcome:
     error: str | None = None
 
 
-def correction_bounds(cfg: Settings, method: str) -> tuple[int, int]:
-    """The estimate correction's (floor, bound) in ppm for a pool counted by ``method``.
-
-    cl100k and ark-api pools keep ``VQG_ESTIMATE_CORRECTION_MIN`` (an ark-api exact count has its
-    own floor in the gate, 1.1);
-    a DeepSeek pool, counted exactly, gets its method's floor (``counting.CORRECTION_FLOOR_PPM``,
-    1.1) whatever that setting says, and its ceiling (``CORRECTION_CEILING_PPM``, 1.5) when
-    ``VQG_ESTIMATE_CORRECTION_MAX`` is higher.
-    """
-    start, top = cfg.correction_ppm()
-    if method == "deepseek":
-        from .counting import CORRECTION_CEILING_PPM, CORRECTION_FLOOR_PPM
-
-        top = min(CORRECTION_CEILING_PPM["deepseek"], top)
-        start = min(CORRECTION_FLOOR_PPM["deepseek"], top)
-    return start, top
-
-
 def _views(packages: Iterable[ResourcePackage]) -> list[PackageView]:
     # UsedUp packages stay in the view (at 0) so running one dry is not a package change.
     return [PackageView(p.instance_no, p.available if p.is_effective else 0, p.expires_ms, p.total)
@@ -222,7 +204,7 @@ class SyncService:
         for spec in specs:
             pooled = assignment.pools[spec.pool]
             views = _views(pooled.packages)
-            result, decision = self._sync_pool(spec.pool, views, started, meta, spec.method)
+            result, decision = self._sync_pool(spec.pool, views, started, meta)
             results.append(result)
             gens[f"gen:{spec.pool}"] = self.checkpoints[spec.pool].generation \
                 if spec.pool in self.checkpoints else result.history_start_ms
@@ -243,8 +225,7 @@ class SyncService:
         return SyncOutcome(account, True, tuple(results))
 
     def _sync_pool(self, pool: str, views: list[PackageView], now: int,
-                   meta: dict[str, str] | None = None,
-                   method: str = "cl100k") -> tuple[LimitResult, Decision]:
+                   meta: dict[str, str] | None = None) -> tuple[LimitResult, Decision]:
         cfg = self.cfg
         state = LimitState.from_json(self.records.limit_state(pool))
         status = self.gate.status(pool)
@@ -272,7 +253,7 @@ class SyncService:
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * MINUTE_MS,
             evict_below=cfg.evict_below, history_start_ms=history_start,
             cold_start_admit=cfg.cold_start_admit_tokens)
-        start, top = correction_bounds(cfg, method)
+        start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,
                            unseen_day_tokens=cfg.unseen_day_tokens)

@@ -314,6 +314,10 @@ def test_an_exact_count_is_reserved_at_its_own_floor_and_learns_its_own_correcti
     assert gate.reserve(POOL, "c2", 1_500, input_tokens=1_000).input_reserved == 1_700  # k unmoved
     gate.settle(POOL, "c1", 1_000, measured_input=900)
     assert gate.status(POOL).get("xcorr") == 1_300_000
+    # kx learns past the exact miscount ceiling (1.5), up to corr_max: a template Ark changed.
+    gate.settle(POOL, "x2", 2_400 + 500, measured_input=2_400)
+    d = gate.reserve(POOL, "x3", 1_500, input_tokens=1_000, exact=True)
+    assert (d.input_reserved, d.exact_correction_ppm, d.correction_ppm) == (2_400, 2_400_000, 1_700_000)
 
 
 def test_exact_counts_are_held_to_a_ceiling_of_1_5_not_3(gate, clock):

@@ -510,12 +510,12 @@ def test_the_counting_method_comes_from_model_info_and_a_bad_one_is_a_400(
         exact = counting.count_chat("deepseek", [{"role": "user", "content": text}], None) + \
             EXACT_DRIFT_TOKENS
         assert next(iter(w.guard.reservations.values())).input_tokens == exact
-        assert w.state()["inflight_est"] == exact
+        assert (w.state()["inflight_xest"], w.state()["inflight_est"]) == (exact, 0)  # the exact class
         bad = call(types.SimpleNamespace(), text=text, max_tokens=100, call_id="c2")
         bad["metadata"]["model_info"]["vqg_tokenizer"] = "gpt2"
         with pytest.raises(litellm.MalformedRequestFieldError, match="misconfigured") as err:
             await w.guard.async_pre_call_deployment_hook(bad, "acompletion")
-        assert err.value.status_code == 400 and w.state()["inflight_est"] == exact
+        assert err.value.status_code == 400 and w.state()["inflight_xest"] == exact
     world(scenario)
 
 

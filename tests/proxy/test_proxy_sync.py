@@ -62,14 +62,15 @@ ZH = "请把免费额度的规则总结成三条要点，并说明什么时候�
 
 
 def test_a_deepseek_request_is_held_at_its_exact_count_and_covers_what_ark_bills(synced: Proxy) -> None:
-    """After a sync the DeepSeek pools' k floor is 1.1 (Doubao's 1.7); a long Chinese request is
-    held at the exact DeepSeek count × 1.1 — less than cl100k × 1.7 — and the fake, counting
-    with the real tokenizer plus drift the guard is not told, consumes no more than was held."""
+    """A long Chinese request to a DeepSeek pool is held in the gate's exact class at the exact
+    DeepSeek count × 1.1 — less than cl100k × 1.7, the cheap class's floor every pool keeps — and
+    the fake, counting with the real tokenizer plus drift the guard is not told, consumes no
+    more than was held; the settle teaches the exact class, not the cheap k."""
     synced.wait_for_log(rf"\[Sync\] {POOL_A}: Bal=")
     synced.wait_for_log(rf"\[Sync\] {POOL_B}: Bal=")
     synced.wait_for_log(rf"\[Sync\] {POOL_DOUBAO}: Bal=")
-    assert [synced.state(p).get("corr_min") for p in (POOL_A, POOL_B, POOL_DOUBAO)] == \
-        [1_100_000, 1_100_000, 1_700_000]
+    assert [(synced.state(p).get("corr_min"), synced.state(p).get("corr_max"))
+            for p in (POOL_A, POOL_B, POOL_DOUBAO)] == [(1_700_000, 3_000_000)] * 3
     messages = [{"role": "user", "content": ZH + " [[fake completion=60 delay=1.5]]"}]
     exact = counting.count_chat("deepseek", messages, None) + EXACT_DRIFT_TOKENS
     before = len(synced.fake.chat_requests())
@@ -84,17 +85,20 @@ def test_a_deepseek_request_is_held_at_its_exact_count_and_covers_what_ark_bills
         for pool in (POOL_A, POOL_B):
             st = synced.state(pool)
             if st.get("inflight"):
-                held = {k: st.get(k) for k in ("inflight", "inflight_est", "inflight_est_res")}
+                held = {k: st.get(k) for k in ("inflight", "inflight_est", "inflight_xest",
+                                               "inflight_xest_res")} | {"pool": pool}
         time.sleep(0.02)
     worker.join(30)
     assert done and held, (done, held)
-    assert held["inflight_est"] == exact
-    assert held["inflight_est_res"] == -(-exact * 11 // 10)
-    assert held["inflight"] == held["inflight_est_res"] + 100
+    assert held["inflight_xest"] == exact and held["inflight_est"] == 0
+    assert held["inflight_xest_res"] == -(-exact * 11 // 10)
+    assert held["inflight"] == held["inflight_xest_res"] + 100
     record = synced.fake.chat_requests()[before]
-    assert exact < record.prompt_tokens <= held["inflight_est_res"]
+    assert exact < record.prompt_tokens <= held["inflight_xest_res"]
     assert record.consumed <= held["inflight"]
-    assert held["inflight_est_res"] < estimate.count_chat(messages, None) * 1.7 * 0.5  # the gain
+    assert held["inflight_xest_res"] < estimate.count_chat(messages, None) * 1.7 * 0.5  # the gain
+    after = synced.state(str(held["pool"]))
+    assert after.get("xcorr_n") >= 1 and after.get("xcorr") >= record.prompt_tokens * 1_000_000 // exact
 
 
 def test_sync_thread_installs_snapshots_and_traffic_stops_before_billing(synced: Proxy) -> None:

@@ -209,30 +209,17 @@ def test_disagreeing_rules_for_one_pool_are_a_config_error() -> None:
         PackageRule.parse({"codes": "A_pack"})
 
 
-def test_a_pool_carries_its_counting_method_and_the_sync_its_floor() -> None:
-    """deepseek* pools count exactly (floor 1.1, ceiling 1.5), others keep VQG_ESTIMATE_CORRECTION_MIN
-    and _MAX; a pool
-    counted two ways is cl100k; a bad vqg_tokenizer stops startup."""
-    from volc_quota_guard.config import Settings
-    from volc_quota_guard.sync import correction_bounds
-
+def test_a_bad_counting_method_stops_startup_and_mixed_methods_share_a_pool() -> None:
+    """Each reservation carries its counting class, so deployments of one pool may count two
+    ways (one pool, not two); a bad vqg_tokenizer stops startup."""
     def dep(model: str, **info: object) -> dict[str, object]:
         return {"litellm_params": {"model": f"volcengine/{model}"}, "model_info": info}
 
-    specs = {s.pool: s.method for s in pools_from_model_list([
+    specs = [s.pool for s in pools_from_model_list([
         dep("deepseek-v4-flash-ga-260731"), dep("doubao-seed-2-1-pro-260628"),
-        dep("ep-2026-x"), dep("ep-2026-y", vqg_tokenizer="deepseek"),
-        dep("deepseek-v3-2", vqg_account="b"), dep("deepseek-v3-2", vqg_account="b",
-                                                  vqg_tokenizer="cl100k")])}
-    assert specs == {"default/deepseek-v4-flash-ga-260731": "deepseek",
-                     "default/doubao-seed-2-1-pro-260628": "ark-api", "default/ep-2026-x": "cl100k",
-                     "default/ep-2026-y": "deepseek", "b/deepseek-v3-2": "cl100k"}
-    cfg = Settings(estimate_correction_min=2.0)
-    assert [correction_bounds(cfg, m)[0] for m in ("deepseek", "cl100k", "ark-api")] == \
-        [1_100_000, 2_000_000, 2_000_000]
-    assert correction_bounds(Settings(), "cl100k") == (1_700_000, 3_000_000)
-    assert correction_bounds(Settings(), "deepseek") == (1_100_000, 1_500_000)  # exact: ceiling 1.5
-    low = Settings(estimate_correction_min=1.0, estimate_correction_max=1.2)
-    assert correction_bounds(low, "deepseek") == (1_100_000, 1_200_000)
+        dep("ep-2026-y", vqg_tokenizer="deepseek"), dep("deepseek-v3-2", vqg_account="b"),
+        dep("deepseek-v3-2", vqg_account="b", vqg_tokenizer="cl100k")])]
+    assert specs == ["b/deepseek-v3-2", "default/deepseek-v4-flash-ga-260731",
+                     "default/doubao-seed-2-1-pro-260628", "default/ep-2026-y"]
     with pytest.raises(ConfigError, match="vqg_tokenizer"):
         pools_from_model_list([dep("deepseek-v4", vqg_tokenizer="gpt2")])

@@ -245,10 +245,10 @@ class PoolModel:
         return Decision(status, reason, amount, min(hb, hc), self.ucum + self.held(),
                         self.balance_wall(), self.day_count() + self.held(), self.cap,
                         self.inflight, self.evicted_until, overrun, self.balance, input_reserved,
-                        self.k)
+                        self.k, self.kx)
 
 
-_NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False, 0, 0, 0)
+_NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False, 0, 0, 0, 0)
 
 
 def _is_int(v: object, lo: int, hi: int) -> bool:

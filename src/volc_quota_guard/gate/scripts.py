@@ -44,7 +44,7 @@ def _parse(raw: list[Any]) -> Decision:
         used_balance=int(vals[4]), balance_wall=int(vals[5]), used_today=int(vals[6]),
         daily_cap=int(vals[7]), inflight=int(vals[8]), evicted_until=int(vals[9]),
         overrun=bool(int(vals[10])), balance_at_sync=int(vals[11]), input_reserved=int(vals[12]),
-        correction_ppm=int(vals[13]),
+        correction_ppm=int(vals[13]), exact_correction_ppm=int(vals[14]),
     )
 
 
@@ -140,8 +140,9 @@ class Gate:
 
         `input_tokens` is the tokenizer's part of both amounts: it is reserved times the pool's
         estimate correction (`Decision.input_reserved`), so the grant may exceed `wanted`.
-        `exact`: the count is exact (Ark's tokenization API): reserved times the exact class's
-        own correction kx (floor 1.1) and held to the exact miscount ceiling (1.5).
+        `exact`: the count is exact (the DeepSeek tokenizer, Ark's tokenization API): reserved
+        times the exact class's own correction kx (floor 1.1) and held to the exact miscount
+        ceiling (1.5).
         """
         return self._run("reserve", pool,
                          self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens, exact))

@@ -40,6 +40,7 @@ class Decision:
     balance_at_sync: int = 0  # for log lines: saves a read of the pool state
     input_reserved: int = 0  # reserve: the estimated input with the correction applied
     correction_ppm: int = PPM  # the pool's estimate correction k now, parts per million
+    exact_correction_ppm: int = PPM  # the exact class's correction kx now (gate.md, "Exact counts")
 
     @property
     def admitted(self) -> bool:

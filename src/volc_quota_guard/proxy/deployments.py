@@ -114,13 +114,11 @@ def pools_from_model_list(model_list: Iterable[Mapping[str, Any]]) -> list[PoolS
     for _, guard in guarded_deployments(model_list):
         pool, info = guard.pool, guard.model_info
         rule = PackageRule.parse(info["vqg_packages"]) if info.get("vqg_packages") else None
-        method = method_for(guard.upstream_model, info)  # a bad vqg_tokenizer: ConfigError
+        method_for(guard.upstream_model, info)  # a bad vqg_tokenizer stops startup: ConfigError
         old = found.get(pool)
         if old is not None and old.rule is not None and rule is not None and old.rule != rule:
             raise ConfigError(f"deployments of pool {pool} disagree on vqg_packages")
-        if old is not None and old.method != method:
-            method = "cl100k"  # counted two ways: the floor that covers the cheaper count
-        found[pool] = PoolSpec(pool, rule or (old.rule if old else None), method)
+        found[pool] = PoolSpec(pool, rule or (old.rule if old else None))
     return [found[p] for p in sorted(found)]
 
 

@@ -372,7 +372,9 @@ class QuotaGuard(CustomLogger):
         call_id = str(kwargs.get("litellm_call_id") or "")
         ttl_ms = self.config.reservation_ttl_seconds * 1000
         limits = self._limits(guard)
-        exact = asked = False
+        # A DeepSeek count is exact offline: the gate's exact class (its own k and miscount
+        # ceiling); a Doubao one becomes exact where Ark's tokenization API is asked.
+        exact, asked = limits.method == "deepseek", False
         if limits.method == "ark-api" and self._exact_first(guard.pool, sizing):
             asked = True
             found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)

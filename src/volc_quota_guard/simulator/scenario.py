@@ -127,6 +127,9 @@ class TrafficLine(_Strict):
     n: Annotated[int, Field(strict=True, ge=1, le=16)] = 1  # choices: each makes its own output
     reasoning: RequestTokens = 0  # per choice while thinking is on; max_tokens does not cap it
     thinking: bool = True  # False: the request switches deep thinking off
+    # exact: the guard's count is an exact one (a DeepSeek deployment's tokenizer, Ark's
+    # tokenization API), reserved in the gate's exact class; `estimate_ratio` is its drift.
+    counting: Literal["cheap", "exact"] = "cheap"
 
     def made(self, cap: int | None, caps_total: bool) -> int:
         """Output tokens Ark produces for this line under `cap` (per choice; answer-only or total)."""

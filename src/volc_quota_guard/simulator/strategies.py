@@ -266,7 +266,8 @@ class GuardStrategy:
     def admit(self, req: SimRequest, now: int) -> Admission:
         need = self._need(req)  # the hook's rule (admission.sizing), on the line's numbers
         d = self.gate.reserve(POOL, req.rid, need.wanted, need.least,
-                              ttl_ms=self.cfg.reservation_ttl_seconds * 1000, input_tokens=req.estimate)
+                              ttl_ms=self.cfg.reservation_ttl_seconds * 1000, input_tokens=req.estimate,
+                              exact=req.line.counting == "exact")
         if not d.admitted:
             return Admission(False, reason=d.reason)
         out = need.granted_per_choice(d)  # the per-choice cap the hook pins

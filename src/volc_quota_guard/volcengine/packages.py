@@ -130,9 +130,6 @@ class PoolSpec:
 
     pool: str
     rule: PackageRule | None = None
-    # How the pool's prompts are counted (counting.Method): it picks the estimate correction's
-    # floor the sync installs. Deployments of one pool that disagree make it "cl100k".
-    method: str = "cl100k"
 
     def __post_init__(self) -> None:
         validate_pool(self.pool)

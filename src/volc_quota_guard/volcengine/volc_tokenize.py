@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
-
-from .. import counting
 
 log = logging.getLogger(__name__)
 
@@ -123,27 +120,3 @@ class ArkTokenizer:
             log.debug("volc_quota_guard: Ark tokenization for %s failed (%s); counting without it",
                       model, self.last_error)
             return None
-
-
-async def chat_count(client: ArkTokenizer, api_base: str, api_key: str, model: str,
-                     messages: list[Mapping[str, Any]], tools: list[Any] | None) -> tuple[int, int]:
-    """(prompt tokens, least correction in ppm) of a chat request to an "ark-api" deployment.
-
-    Ark's count of each message's text plus `counting.ARK_API_MESSAGE_TOKENS` per message, at
-    `counting.ARK_API_FLOOR_PPM`; if Ark does not answer, the cl100k count at
-    `counting.CORRECTION_FLOOR_PPM["ark-api"]` (the same as today's estimate).
-    """
-    texts: list[str] = []
-    media = 0
-    for msg in messages:
-        text, extra = counting.split_content(msg.get("content"))
-        media += extra
-        texts.append(text)
-    if tools:
-        texts.append(json.dumps(tools, ensure_ascii=False, default=str))
-    found = await client.count_many(api_base, api_key, model, [t for t in texts if t])
-    if found is None:
-        return (counting.count_chat("ark-api", messages, tools),
-                counting.CORRECTION_FLOOR_PPM["ark-api"])
-    return (sum(found) + media + counting.ARK_API_MESSAGE_TOKENS * len(messages),
-            counting.ARK_API_FLOOR_PPM)
