@@ -76,6 +76,10 @@ class LimitState:
     lowest_free_total: int | None = None
     anchor_free_total: int | None = None
     anchor_ms: int = 0
+    # The lowest `balance + our usage + in flight` any sync saw (when): F can only be lower, so
+    # the API cannot have settled more than it less the balance. Only the lag observer reads it.
+    upper_free_total: int | None = None
+    upper_ms: int = 0
     lags: tuple[tuple[int, int], ...] = ()  # (observed at ms, lag ms)
     last_sync_ms: int = 0
     billing_since_ms: int = 0  # when a sync first found the free quota spent (0 = not billing)
@@ -98,6 +102,8 @@ class LimitState:
             lowest_free_total=optional_int(raw.get("lowest_free_total")),
             anchor_free_total=optional_int(raw.get("anchor_free_total")),
             anchor_ms=int(raw.get("anchor_ms") or 0),
+            upper_free_total=optional_int(raw.get("upper_free_total")),
+            upper_ms=int(raw.get("upper_ms") or 0),
             lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
             billing_since_ms=int(raw.get("billing_since_ms") or 0),
@@ -194,7 +200,8 @@ def compute_limit(
                       evict_below, notes)
     if state.billing_since_ms:
         notes.append("free quota is back: the estimates start afresh")
-        state = replace(state, billing_since_ms=0, lowest_free_total=None, anchor_free_total=None)
+        state = replace(state, billing_since_ms=0, lowest_free_total=None, anchor_free_total=None,
+                        upper_free_total=None)
 
     history_ms = now_ms - history_start_ms
     quiet = (usage.inflight == 0
@@ -202,16 +209,23 @@ def compute_limit(
              and usage.usage_at(now_ms - QUIET_MS) == usage.lifetime_usage)
     if quiet:
         state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms)
+    # Where no quiet stretch gave an exact anchor, the lowest upper bound of F still places a
+    # lower bound of the lag (a long lag must be seen before a lost state trusts Δ_assumed).
+    upper = balance + usage.lifetime_usage + usage.inflight
+    if state.upper_free_total is None or upper < state.upper_free_total:
+        state = replace(state, upper_free_total=upper, upper_ms=now_ms)
 
     observed: int | None = None
     external = False
-    if state.anchor_free_total is not None and not quiet:
-        settled = state.anchor_free_total - balance
-        if settled > usage.lifetime_usage:
+    exact = state.anchor_free_total is not None
+    reference = state.anchor_free_total if exact else state.upper_free_total
+    if reference is not None and not quiet:
+        settled = reference - balance  # exact from the anchor, at least the truth from the bound
+        if exact and settled > usage.lifetime_usage:
             external = True  # the API settled more than we recorded: usage outside the proxy
             notes.append("balance fell by more than our recorded usage: usage outside the proxy?")
-        else:
-            unsettled_from = usage.first_above(settled, state.anchor_ms)
+        elif settled <= usage.lifetime_usage:
+            unsettled_from = usage.first_above(settled, state.anchor_ms if exact else state.upper_ms)
             if unsettled_from is not None:
                 observed = max(0, now_ms - unsettled_from)
                 if observed > LAG_BELIEVABLE_MS:
@@ -342,15 +356,18 @@ def _follow_package_changes(state: LimitState, packages: Sequence[PackageView],
         return state
     if any(p.instance_no in state.gone for p in added):
         notes.append("a package came back after leaving the list: free-total estimates start afresh")
-        return replace(state, lowest_free_total=None, anchor_free_total=None)
+        return replace(state, lowest_free_total=None, anchor_free_total=None, upper_free_total=None)
     delta = sum(p.size for p in added) - sum(before[i] for i in left)
+    arrived = sum(p.size for p in added)  # an upper bound of F loses nothing to an expiry
     notes.append(f"packages changed (+{len(added)} / -{len(left)}): free total moves by {delta:+,}")
 
     def shift(v: int | None) -> int | None:
         return None if v is None else v + delta
 
     return replace(state, lowest_free_total=shift(state.lowest_free_total),
-                   anchor_free_total=shift(state.anchor_free_total))
+                   anchor_free_total=shift(state.anchor_free_total),
+                   upper_free_total=None if state.upper_free_total is None
+                   else state.upper_free_total + arrived)
 
 
 def next_expiry_ms(packages: Sequence[PackageView], now_ms: int) -> int | None:

@@ -63,6 +63,27 @@ def test_quiet_stretch_anchors_the_exact_free_total_and_observes_the_lag():
     assert r.free_total == 2_000_000 and r.state.lowest_free_total < 2_000_000
 
 
+def test_a_lag_is_observed_without_a_quiet_stretch():
+    """Traffic never pauses for two hours, so no exact anchor exists; the lowest upper bound of
+    the free total a sync saw (balance + usage + in flight: the first sync, before any traffic)
+    still locates a lower bound of a 45-minute lag, over the 20-minute floor (fuzz seed 381: the
+    lag went unseen, a wipe then trusted Δ = 20 min, and the guard billed 179,069)."""
+    busy = usage({1: 0}, lifetime=0, inflight=50_000)  # a first sync, traffic already in flight
+    first = limit([PackageView("p1", 2_000_000, None)], busy)
+    assert first.state.anchor_free_total is None and first.state.upper_free_total == 2_050_000
+    later = T + 90 * MIN
+    points = {m: (90 - m) * 10_000 for m in range(0, 90)}  # 10k a minute, never quiet
+    view = UsageView(tuple(sorted(((later // MIN) - ago, u) for ago, u in points.items())), 0,
+                     lifetime_usage=900_000, inflight=50_000)
+    settled = 45 * 10_000  # the API is 45 minutes behind
+    r = limit([PackageView("p1", 2_000_000 - settled, None)], view, state=first.state, now=later)
+    assert r.state.anchor_free_total is None
+    # A lower bound: the in flight at the first sync may not have run, so it reads ~40 minutes.
+    assert r.lag_observed_ms is not None and 38 * MIN <= r.lag_observed_ms <= 45 * MIN
+    assert assumed_lag_ms(r.state, later, FLOOR) >= 45 * MIN
+    assert r.free_total < 2_000_000  # the bound is never the wall's free total
+
+
 def test_reservations_kept_whole_do_not_read_as_lag():
     """The same 30-min lag, but the first 10 minutes of the hour also hold 400,000 of reservations
     kept whole (usage never reported; 40,000 really ran): judged by our whole count the API would
