@@ -222,9 +222,10 @@ class ConsumeTask:
             except ArkCallError as exc:
                 run.errors += 1
                 if exc.may_have_run:
-                    self.gate.settle(pool, rid, None)  # unknown: the reservation counts as used
-                    run.consumed += budget
-                    self.records.add_history(pool, f"{day}:task", budget)
+                    # Unknown: the reservation counts as used (its prompt at the miscount ceiling).
+                    counted = self.gate.settle(pool, rid, None).amount
+                    run.consumed += counted
+                    self.records.add_history(pool, f"{day}:task", counted)
                 else:
                     self.gate.release(pool, rid)
                 log.warning("%s %s call=%s failed (%s); %s", TAG, pool, run.calls, exc,

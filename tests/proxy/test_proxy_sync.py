@@ -97,7 +97,9 @@ def test_a_deepseek_request_is_held_at_its_exact_count_and_covers_what_ark_bills
     assert exact < record.prompt_tokens <= held["inflight_xest_res"]
     assert record.consumed <= held["inflight"]
     assert held["inflight_xest_res"] < estimate.count_chat(messages, None) * 1.7 * 0.5  # the gain
-    after = synced.state(str(held["pool"]))
+    deadline = time.monotonic() + 10  # the settle runs after the response reached the client
+    while (after := synced.state(str(held["pool"]))).get("xcorr_n") < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert after.get("xcorr_n") >= 1 and after.get("xcorr") >= record.prompt_tokens * 1_000_000 // exact
 
 

@@ -20,7 +20,8 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
-            "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0}
+            "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
+            "missing_wave": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
@@ -44,6 +45,7 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
             seen["thinking_off"] += not line.thinking
             seen["n"] += line.n > 1
             seen["unmeasured_wave"] += line.estimate_ratio < 0.6 and line.concurrency >= 8
+            seen["missing_wave"] += line.estimate_ratio < 0.6 and line.usage == "missing"
             seen["exact"] += line.counting == "exact"
             seen["exact_wave"] += line.counting == "exact" and line.estimate_ratio <= 0.75 \
                 and line.concurrency >= 8

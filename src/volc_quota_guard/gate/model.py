@@ -130,6 +130,13 @@ class PoolModel:
                       - (self.inflight_xest_res + xr) - self.exact_margin())
         return max(0, cheap) + max(0, exact_risk)
 
+    def unmeasured(self, h: Held, now: int) -> int:
+        """A reservation whose usage never came, as counted: its output and its prompt at its
+        class's miscount ceiling."""
+        ceiling = (max(self.xcorrection(now), min(XCORR_CEIL, self.xcorr_max())) if h.exact
+                   else self.corr_max)
+        return h.amount + max(0, corrected(h.est, ceiling) - h.est_res)
+
     def day_count(self) -> int:
         """Today's usage as the daily cap counts it: ours, or less where the API showed less."""
         if self.dr_day != self.day:
@@ -217,7 +224,7 @@ class PoolModel:
             self.day = today
         due = sorted((h.deadline, rid) for rid, h in self.reservations.items() if h.deadline <= now)
         for _, rid in due[:SWEEP_LIMIT]:
-            amount = self.unreserve(rid).amount
+            amount = self.unmeasured(self.unreserve(rid), now)
             self.add_usage(amount, now, unsure=True)
             self.resolve(rid, "expired", amount, now)
             self.expired_count += 1
@@ -317,8 +324,8 @@ class GateModel:
         above = False
         if rid in p.reservations:
             h = p.unreserve(rid)
-            counted = h.amount if actual is None else actual
-            above = counted > h.amount
+            counted = p.unmeasured(h, now) if actual is None else actual
+            above = actual is not None and counted > h.amount
             reason = "settled"
             p.add_usage(counted, now, unsure=actual is None)
             p.resolve(rid, "settled", counted, now)

@@ -155,6 +155,8 @@ def _unmeasured_wave(seed: int, scenario: dict[str, object], start_minute: int) 
         "duration_seconds": rng.choice([30, 60, 90, 180, 300])}
     if rng.random() < 0.7:
         line["max_tokens"] = max(1, int(completion * rng.uniform(0.5, 2.0)))
+    if rng.random() < 0.25:  # a stream without usage: its reservation is all the guard ever counts
+        line["usage"] = "missing"
     scenario["traffic"].append(line)  # type: ignore[attr-defined]
 
 

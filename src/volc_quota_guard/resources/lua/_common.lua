@@ -135,6 +135,16 @@ local function observe(st, est, measured, now, exact)
   st.k, st.kx = correction(st, now), xcorrection(st, now)
 end
 
+-- What a reservation whose usage never came (missing, or expired) is counted as: its output and
+-- its prompt at its class's miscount ceiling, as the admission held it (the prompt may have been
+-- that much over its count; the day's count and the balance wall take the excess back once the
+-- billing API shows the truth). Counting it at k would under-count a class k has not measured.
+local function unmeasured(st, amount, est, est_res, exact, now)
+  local ceiling = st.corr_max
+  if exact then ceiling = math.max(xcorrection(st, now), math.min(XCORR_CEIL, xcorr_max(st))) end
+  return amount + math.max(0, corrected(est, ceiling) - est_res)
+end
+
 -- Add (sign 1) or drop (sign -1) one reservation in the in-flight sums of its class.
 local function inflight_add(st, sign, amount, est, est_res, exact)
   st.inflight = st.inflight + sign * amount
@@ -186,8 +196,9 @@ local function sweep(st, now)
       local amount, _, est, est_res, exact = parse_res(rec)
       redis.call('HDEL', K_RES, id)
       unreserve(st, amount, est, est_res, exact)
-      add_usage(st, amount, now, true)
-      resolve(id, 'expired', amount, now)
+      local counted = unmeasured(st, amount, est, est_res, exact, now)
+      add_usage(st, counted, now, true)
+      resolve(id, 'expired', counted, now)
       st.expired_count = st.expired_count + 1
     end
   end

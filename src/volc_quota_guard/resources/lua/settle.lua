@@ -1,4 +1,5 @@
--- ARGV: now_ms ('' = server TIME), request id, actual tokens ('' = unknown: keep the reservation),
+-- ARGV: now_ms ('' = server TIME), request id, actual tokens ('' = unknown: the reservation, its
+-- prompt at its class's miscount ceiling),
 -- measured input tokens ('' = not measured: the estimate correction learns nothing).
 -- Replaces a reservation by real usage; each request id is counted exactly once.
 local now = read_now(ARGV[1])
@@ -26,8 +27,8 @@ if live then
   redis.call('HDEL', K_RES, id)
   redis.call('ZREM', K_DL, id)
   unreserve(st, reserved, est, est_res, exact)
-  counted = actual or reserved
-  above = counted > reserved
+  counted = actual or unmeasured(st, reserved, est, est_res, exact, now)
+  above = actual ~= nil and counted > reserved
   reason = 'settled'
   add_usage(st, counted, now, actual == nil)
   resolve(id, 'settled', counted, now)
