@@ -236,8 +236,9 @@ class ConsumeTask:
                 continue
             run.errors = 0
             measured = reading.prompt if reading.source == "measured" else None
-            settled = self.gate.settle(pool, rid, reading.tokens, measured)  # k learns from it too
-            used = reading.tokens if reading.tokens is not None else budget
+            settled = self.gate.settle(pool, rid, reading.tokens, measured,  # k learns from it too
+                                       reading.source == "estimated")
+            used = settled.amount  # what the gate counted (no usage: more than the budget)
             run.consumed += used
             self.records.add_history(pool, f"{day}:task", used)
             log.info("%s %s call=%s budget=%s used=%s (%s) left=%s today=%s headroom=%s", TAG, pool,

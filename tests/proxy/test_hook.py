@@ -346,7 +346,8 @@ def test_success_without_usage_keeps_the_reservation(world: Callable[..., Any]) 
 
 
 def test_client_disconnect_estimate_never_lowers_the_reservation(world: Callable[..., Any]) -> None:
-    """After a disconnect LiteLLM's count is an estimate: the larger of it and the reservation counts."""
+    """After a disconnect LiteLLM's count is an estimate: the larger of it and the reservation (its
+    prompt at the miscount ceiling) counts."""
     async def scenario(w: World) -> None:
         w.seed(100_000)
         kw = call(max_tokens=100)
@@ -355,6 +356,15 @@ def test_client_disconnect_estimate_never_lowers_the_reservation(world: Callable
         kw["metadata"]["client_disconnected"] = True
         await w.guard.async_log_success_event(success_kwargs(kw), response(5, 3), None, None)
         assert w.state()["ucum"] - before == reserved
+        # An estimate just above the grant is still under what the prompt may have been (the
+        # miscount ceiling): the gate counts the larger, never the estimate alone (red team).
+        mid = call(max_tokens=100, call_id="call-3")
+        await w.guard.async_pre_call_deployment_hook(mid, "acompletion")
+        granted, whole, before = w.state()["inflight"], kept_whole(w.state()), w.state()["ucum"]
+        assert whole > granted + 1
+        mid["metadata"]["client_disconnected"] = True
+        await w.guard.async_log_success_event(success_kwargs(mid), response(granted - 99, 100), None, None)
+        assert w.state()["ucum"] - before == whole
         big = call(max_tokens=100, call_id="call-2")
         await w.guard.async_pre_call_deployment_hook(big, "acompletion")
         big["metadata"]["client_disconnected"] = True

@@ -311,7 +311,7 @@ class GateModel:
         return p.answer(status, reason, granted, input_reserved=est_res)
 
     def settle(self, pool: str, rid: str, actual: int | None, now: int,
-               measured_input: int | None = None) -> Decision:
+               measured_input: int | None = None, estimated: bool = False) -> Decision:
         self._check_id(rid)
         if actual is not None and not _is_int(actual, 0, MAX_REQUEST):
             raise GateError("bad_amount", "actual out of range")
@@ -324,10 +324,11 @@ class GateModel:
         above = False
         if rid in p.reservations:
             h = p.unreserve(rid)
-            counted = p.unmeasured(h, now) if actual is None else actual
-            above = actual is not None and counted > h.amount
+            unsure = actual is None or estimated
+            counted = max(actual or 0, p.unmeasured(h, now)) if actual is None or estimated else actual
+            above = actual is not None and actual > h.amount
             reason = "settled"
-            p.add_usage(counted, now, unsure=actual is None)
+            p.add_usage(counted, now, unsure=unsure)
             p.resolve(rid, "settled", counted, now)
             if measured_input is not None and actual is not None:
                 p.observe(h.est, measured_input, now, h.exact)

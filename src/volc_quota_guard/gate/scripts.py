@@ -83,8 +83,10 @@ class _Args:
         return [_now_arg(self.clock), request_id, _num(wanted), _num(wanted if least is None else least),
                 _num(ttl_ms), _num(input_tokens), "exact" if exact else ""]
 
-    def settle(self, request_id: str, actual: int | None, measured_input: int | None) -> list[str]:
-        return [_now_arg(self.clock), request_id, _num(actual), _num(measured_input)]
+    def settle(self, request_id: str, actual: int | None, measured_input: int | None,
+               estimated: bool = False) -> list[str]:
+        return [_now_arg(self.clock), request_id, _num(actual), _num(measured_input),
+                "estimated" if estimated else ""]
 
     def release(self, request_id: str) -> list[str]:
         return [_now_arg(self.clock), request_id]
@@ -148,13 +150,15 @@ class Gate:
                          self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens, exact))
 
     def settle(self, pool: str, request_id: str, actual: int | None,
-               measured_input: int | None = None) -> Decision:
-        """Replace the reservation by real usage; `None` = unknown, keep the reservation as consumed.
+               measured_input: int | None = None, estimated: bool = False) -> Decision:
+        """Replace the reservation by real usage; `None` = unknown: the reservation counts as
+        consumed, its prompt at its class's miscount ceiling (`estimated`: `actual` is a local
+        estimate, counted as at least that).
 
         `measured_input` (the upstream's prompt tokens, only when measured) teaches the pool's
         estimate correction.
         """
-        return self._run("settle", pool, self.args.settle(request_id, actual, measured_input))
+        return self._run("settle", pool, self.args.settle(request_id, actual, measured_input, estimated))
 
     def release(self, pool: str, request_id: str) -> Decision:
         """Free the reservation of a request that never reached the upstream."""
@@ -268,8 +272,9 @@ class AsyncGate:
             request_id, wanted, least, ttl_ms, input_tokens, exact))
 
     async def settle(self, pool: str, request_id: str, actual: int | None,
-                     measured_input: int | None = None) -> Decision:
-        return await self._run("settle", pool, self.args.settle(request_id, actual, measured_input))
+                     measured_input: int | None = None, estimated: bool = False) -> Decision:
+        return await self._run("settle", pool,
+                               self.args.settle(request_id, actual, measured_input, estimated))
 
     async def release(self, pool: str, request_id: str) -> Decision:
         return await self._run("release", pool, self.args.release(request_id))

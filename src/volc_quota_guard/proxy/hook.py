@@ -582,14 +582,15 @@ class QuotaGuard(CustomLogger):
         reading = read_usage(response_obj, self.config.count_cached_tokens,
                              estimated=disconnected or local_count)
         actual = reading.tokens
-        if reading.source == "estimated" and actual is not None and actual <= res.granted:
-            actual = None  # the upstream may bill more than the local estimate: keep the reservation
+        # The upstream may bill more than a local estimate: the gate counts at least what a
+        # settle without usage would (the reservation, its prompt at the miscount ceiling).
+        estimated = reading.source == "estimated"
         if reading.source == "unavailable" and not res.granted:
             log.warning("📊 [Usage] %s: no usage reported and nothing reserved pool=%s call=%s",
                         res.upstream_model, res.pool, res.call_id)
             return
         measured_input = reading.prompt if reading.source == "measured" else None
-        d = await self.gate().settle(res.pool, res.rid, actual, measured_input)
+        d = await self.gate().settle(res.pool, res.rid, actual, measured_input, estimated)
         self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
         await self._record_stored(res, response_obj)
 

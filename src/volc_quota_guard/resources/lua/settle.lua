@@ -1,6 +1,8 @@
 -- ARGV: now_ms ('' = server TIME), request id, actual tokens ('' = unknown: the reservation, its
 -- prompt at its class's miscount ceiling),
--- measured input tokens ('' = not measured: the estimate correction learns nothing).
+-- measured input tokens ('' = not measured: the estimate correction learns nothing), and
+-- 'estimated' when actual is a local estimate (a cut stream): counted as at least a settle
+-- without usage would be.
 -- Replaces a reservation by real usage; each request id is counted exactly once.
 local now = read_now(ARGV[1])
 local id = ARGV[2]
@@ -16,6 +18,8 @@ if ARGV[4] ~= nil and ARGV[4] ~= '' then
   if not measured then return err('bad_amount', 'measured input must be empty or an integer 0-' .. MAX_REQUEST) end
 end
 
+local estimated = ARGV[5] == 'estimated'
+
 local st = load()
 if not st.exists then return err('unknown_pool', 'pool has no snapshot') end
 housekeep(st, now)
@@ -27,10 +31,14 @@ if live then
   redis.call('HDEL', K_RES, id)
   redis.call('ZREM', K_DL, id)
   unreserve(st, reserved, est, est_res, exact)
-  counted = actual or unmeasured(st, reserved, est, est_res, exact, now)
-  above = actual ~= nil and counted > reserved
+  if actual == nil or estimated then
+    counted = math.max(actual or 0, unmeasured(st, reserved, est, est_res, exact, now))
+  else
+    counted = actual
+  end
+  above = actual ~= nil and actual > reserved
   reason = 'settled'
-  add_usage(st, counted, now, actual == nil)
+  add_usage(st, counted, now, actual == nil or estimated)
   resolve(id, 'settled', counted, now)
   if measured and actual then observe(st, est, measured, now, exact) end
 elseif done then
