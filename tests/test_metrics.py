@@ -75,6 +75,7 @@ def test_cli_prints_every_pool_from_the_store(seeded: Gate, capsys: pytest.Captu
     assert at(found, "vqg_overruns_total", **busy) == 0
     assert at(found, "vqg_billing", **busy) == 0
     assert at(found, "vqg_estimate_correction", **busy) >= 1
+    assert at(found, "vqg_exact_correction", **busy) >= 1.1  # kx: at least the exact floor
 
 
 def test_endpoint_serves_gauges_and_this_process_counters(seeded: Gate,

@@ -97,6 +97,8 @@ _GAUGES: tuple[tuple[str, str, str, float], ...] = (
     ("vqg_packages", "Free resource packages assigned to the pool at the last sync", "packages", 1),
     ("vqg_estimate_correction", "Factor the gate applies to the tokenizer's prompt count",
      "estimate_correction", 1),
+    ("vqg_exact_correction", "Factor the gate applies to an exact prompt count (DeepSeek, Ark's "
+     "tokenization API)", "exact_correction", 1),
 )
 
 

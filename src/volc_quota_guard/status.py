@@ -76,6 +76,7 @@ def pool_status(gate: Gate, pool: str, cfg: Settings) -> dict[str, Any]:
         # A sync found the free quota spent: usage since then was billed (see docs/limit.md).
         "billing_since_ms": limit.billing_since_ms or None,
         "estimate_correction": round(d.correction_ppm / PPM, 3),
+        "exact_correction": round(d.exact_correction_ppm / PPM, 3),  # kx: DeepSeek, Ark's counts
         # Where the guard's usage history of the pool begins (None: before this was recorded),
         # and the hold while it is shorter than the lag (docs/limit.md, "History start").
         "history_start_ms": f("hist_at") if f("hist_at") > 1 else None,

@@ -30,7 +30,7 @@ from . import metrics
 from .clock import MINUTE_MS, to_beijing
 from .config import Settings
 from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
-from .gate import Decision, Gate
+from .gate import PPM, Decision, Gate
 from .limit import (
     QUIET_MS,
     LimitResult,
@@ -158,7 +158,12 @@ class SyncService:
 
     def _remember(self, pool: str, gen: int, h: dict[str, int],
                   lags: tuple[tuple[int, int], ...]) -> None:
-        self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"], lags)
+        # In flight as a settle without usage would count it (its prompts at the miscount
+        # ceiling, corr_max for both classes: never less): a wipe loses the reservations.
+        ceiling = h["corr_max"] or 3 * PPM
+        unmeasured = sum(max(0, -(-h[est] * ceiling // PPM) - h[f"{est}_res"])
+                         for est in ("inflight_est", "inflight_xest"))
+        self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"] + unmeasured, lags)
 
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
                     h: dict[str, int] | None = None) -> None:

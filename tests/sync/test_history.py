@@ -90,6 +90,27 @@ def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_w
         assert w.gate.reserve(POOL, f"probe-{id(svc)}", 1_000).reason == "balance_wall"
 
 
+def test_a_checkpoint_counts_in_flight_prompts_at_the_miscount_ceiling(make_world, caplog):
+    """A wipe takes the in-flight reservations with it; their settles then find nothing, so the
+    checkpoint counts them as a settle without usage would: the prompts at corr_max (red team)."""
+    w = make_world("2026-08-20 13:00", lag_minutes=4, small_buffer=10_000, **HELD)
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    old = w.service()
+    w.idle("2026-08-20 13:21", old)
+    w.run("2026-08-20 13:40", every_ms=MIN, tokens=5_000, svc=old)
+    d = w.gate.reserve(POOL, "in-flight", 20_000, input_tokens=10_000)
+    assert d.admitted and d.input_reserved == 17_000
+    old.tick()
+    st = w.gate.status(POOL)
+    today = st.get("day_usage") + st.get("inflight") + (30_000 - 17_000)  # 10,000 x 3.0, held at 1.7
+    _wipe(w)
+    with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+        w.clock.advance(MIN)
+        old.tick()
+    lost = [r.getMessage() for r in caplog.records if "[STATE-LOST]" in r.getMessage()]
+    assert len(lost) == 1 and f"today's usage restored to {today:,}" in lost[0], lost
+
+
 def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(make_world, caplog):
     """The pool's keys vanish but the account's sync record survives: even a process that never
     saw the pool knows from Redis that it had a history, and holds it as lost state."""
