@@ -202,7 +202,7 @@ class ConsumeTask:
             # exact), and sized so that the gate, holding the prompt times that class's
             # correction, reserves no more than the budget.
             limits = replace(_CONSUME_LIMITS, method=counting.method_for(target.model, {}))
-            exact = limits.method == "deepseek"
+            exact = counting.counts_exactly(limits.method)
             k = d.exact_correction_ppm if exact else d.correction_ppm
             messages, _ = consume_messages(int((budget - output) * PPM / k), limits.method)
             # Sized by the rule the proxy's gate uses, from the body ArkChat sends.

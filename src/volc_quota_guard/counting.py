@@ -84,6 +84,12 @@ _lock = threading.Lock()
 _deepseek: Any = None
 
 
+def counts_exactly(method: Method) -> bool:
+    """Whether the method's own count is exact, so reserved in the gate's exact class: DeepSeek's
+    offline tokenizer. An ark-api count is exact only where Ark's tokenization API answered."""
+    return method == "deepseek"
+
+
 def method_for(upstream_model: str, model_info: Mapping[str, Any]) -> Method:
     """The deployment's counting method: `model_info.vqg_tokenizer`, else its family's default."""
     configured = (model_info or {}).get(TOKENIZER_FIELD)

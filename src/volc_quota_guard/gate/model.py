@@ -118,6 +118,10 @@ class PoolModel:
         """The most kx may learn: the pool's corr_max, never under the exact floor."""
         return max(self.corr_max, XCORR_FLOOR)
 
+    def xceiling(self) -> int:
+        """The exact class's miscount ceiling: XCORR_CEIL, at most what kx may learn."""
+        return min(XCORR_CEIL, self.xcorr_max())
+
     def miscount_risk(self, est: int, est_res: int, exact: bool = False) -> int:
         """What the in-flight prompts, plus one of `est` reserved as `est_res`, could use beyond
         `held()` were each cheap count corr_max times too low (a class the pool never measured)
@@ -125,16 +129,14 @@ class PoolModel:
         ce, cr, xe, xr = (0, 0, est, est_res) if exact else (est, est_res, 0, 0)
         cheap = (corrected(self.inflight_est + ce, self.corr_max)
                  - (self.inflight_est_res + cr) - self.cheap_margin())
-        xceil = min(XCORR_CEIL, self.xcorr_max())
-        exact_risk = (corrected(self.inflight_xest + xe, xceil)
+        exact_risk = (corrected(self.inflight_xest + xe, self.xceiling())
                       - (self.inflight_xest_res + xr) - self.exact_margin())
         return max(0, cheap) + max(0, exact_risk)
 
     def unmeasured(self, h: Held, now: int) -> int:
         """A reservation whose usage never came, as counted: its output and its prompt at its
         class's miscount ceiling."""
-        ceiling = (max(self.xcorrection(now), min(XCORR_CEIL, self.xcorr_max())) if h.exact
-                   else self.corr_max)
+        ceiling = max(self.xcorrection(now), self.xceiling()) if h.exact else self.corr_max
         return h.amount + max(0, corrected(h.est, ceiling) - h.est_res)
 
     def day_count(self) -> int:
@@ -325,7 +327,7 @@ class GateModel:
         if rid in p.reservations:
             h = p.unreserve(rid)
             unsure = actual is None or estimated
-            counted = max(actual or 0, p.unmeasured(h, now)) if actual is None or estimated else actual
+            counted = actual if actual is not None and not unsure else max(actual or 0, p.unmeasured(h, now))
             above = actual is not None and actual > h.amount
             reason = "settled"
             p.add_usage(counted, now, unsure=unsure)

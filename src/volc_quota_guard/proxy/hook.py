@@ -49,7 +49,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 import litellm  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 
-from .. import admission, estimate, metrics  # noqa: E402
+from .. import admission, counting, estimate, metrics  # noqa: E402
 from ..config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
 from ..errors import GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
 from ..gate import AsyncGate, Decision, KeySpace  # noqa: E402
@@ -374,7 +374,7 @@ class QuotaGuard(CustomLogger):
         limits = self._limits(guard)
         # A DeepSeek count is exact offline: the gate's exact class (its own k and miscount
         # ceiling); a Doubao one becomes exact where Ark's tokenization API is asked.
-        exact, asked = limits.method == "deepseek", False
+        exact, asked = counting.counts_exactly(limits.method), False
         if limits.method == "ark-api" and self._exact_first(guard.pool, sizing):
             asked = True
             found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)

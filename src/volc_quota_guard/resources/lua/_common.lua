@@ -112,6 +112,9 @@ end
 -- The exact class's most: the pool's corr_max (what a measurement may teach), never under its floor.
 local function xcorr_max(st) return math.max(st.corr_max, XCORR_FLOOR) end
 
+-- The exact class's miscount ceiling: XCORR_CEIL, at most what kx may learn.
+local function xceiling(st) return math.min(XCORR_CEIL, xcorr_max(st)) end
+
 -- kx now: the exact class's decayed peak within [XCORR_FLOOR, xcorr_max].
 local function xcorrection(st, now)
   return math.min(math.max(decay(st.xcorr, st.xcorr_at, now), XCORR_FLOOR), xcorr_max(st))
@@ -141,7 +144,7 @@ end
 -- billing API shows the truth). Counting it at k would under-count a class k has not measured.
 local function unmeasured(st, amount, est, est_res, exact, now)
   local ceiling = st.corr_max
-  if exact then ceiling = math.max(xcorrection(st, now), math.min(XCORR_CEIL, xcorr_max(st))) end
+  if exact then ceiling = math.max(xcorrection(st, now), xceiling(st)) end
   return amount + math.max(0, corrected(est, ceiling) - est_res)
 end
 
@@ -259,8 +262,7 @@ local function miscount_risk(st, est, est_res, exact)
   local ce, cr, xe, xr = 0, 0, 0, 0
   if exact then xe, xr = est, est_res else ce, cr = est, est_res end
   local cheap = corrected(st.inflight_est + ce, st.corr_max) - (st.inflight_est_res + cr) - cheap_margin(st)
-  local xceil = math.min(XCORR_CEIL, xcorr_max(st))
-  local exact_risk = corrected(st.inflight_xest + xe, xceil) - (st.inflight_xest_res + xr) - exact_margin(st)
+  local exact_risk = corrected(st.inflight_xest + xe, xceiling(st)) - (st.inflight_xest_res + xr) - exact_margin(st)
   return math.max(0, cheap) + math.max(0, exact_risk)
 end
 
