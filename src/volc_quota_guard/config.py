@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     estimate_correction_max: float = Field(
         default=3.0, ge=1.0, le=100.0,
         description="The most the learned correction may multiply the tokenizer's prompt count by.")
+    exact_count_min_tokens: int = Field(
+        default=2_000, ge=0, le=10_000_000,
+        description="An ark-api deployment asks Ark's tokenization API for prompts the cheap count "
+                    "puts at this many tokens or more (and for any that does not fit).")
 
     sync_enabled: bool = Field(default=True, description="Run the billing sync thread in the proxy.")
     sync_poll_seconds: float = Field(default=5.0, ge=0.05, le=300,

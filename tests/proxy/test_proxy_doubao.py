@@ -33,6 +33,7 @@ POOLS = {  # model name -> (pool, free tokens: the wall's headroom + SMALL_BUFFE
     "db-fault": ("acct-c/doubao-fault-260101", BUFFER + 2_000),
     "db-cache": ("acct-c/doubao-cache-260101", BUFFER + 3_000),
     "db-learn": ("acct-c/doubao-learn-260101", BUFFER + 700),  # exact needs 460, cheap 906
+    "db-big": ("acct-c/doubao-big-260101", BUFFER + 500_000),  # far from the wall
 }
 NO_THINKING = {"thinking": {"type": "disabled"}}
 
@@ -117,6 +118,26 @@ def test_a_request_the_cheap_count_refuses_is_admitted_at_its_exact_count_and_bi
     settled(doubao, model)
     assert doubao.fake.pool_totals(pool).billed == 0
     doubao.wait_for_log(rf"\[EXACT\] doubao-{model[3:]}-260101: input \d+ \(cheap\) -> {exact} ")
+
+
+def test_a_big_prompt_is_counted_exactly_far_from_the_wall(doubao: Proxy) -> None:
+    """A prompt the cheap count puts at VQG_EXACT_COUNT_MIN_TOKENS (2,000) or more is counted by
+    Ark's tokenization API before its first reserve, wherever the wall is: near a wall its
+    cheap count's 3.0 miscount hold would crowd out others. A smaller one stays cheap."""
+    control = tokenize_control(doubao.fake)
+    big = [{"role": "user", "content": ZH * 80 + " [[fake delay=1.0]]"}]
+    assert estimate.count_chat(big, None) >= 2_000
+    calls = control.calls
+    held = held_while_running(doubao, "db-big", big)
+    assert control.calls == calls + 1
+    assert held["inflight_est"] == 0 and held["inflight_xest"] > 0
+    settled(doubao, "db-big")
+    small = short_turns(directive=" [[fake delay=1.0]]")
+    held = held_while_running(doubao, "db-big", small)
+    assert control.calls == calls + 1  # not asked: the cheap count fits and is small
+    assert held["inflight_est"] == estimate.count_chat(small, None) and held["inflight_xest"] == 0
+    settled(doubao, "db-big")
+    assert doubao.fake.pool_totals(POOLS["db-big"][0]).billed == 0
 
 
 def test_every_tokenization_fault_falls_back_to_the_cheap_count_and_bills_0(doubao: Proxy) -> None:

@@ -16,12 +16,13 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     """500 seeds parse as SCENARIOS.md v1 and span lag, tokenizer error, concurrency, durations,
     max_tokens or not, missing usage, expiring and arriving packages, Beijing midnight, starts
     on a busy account (prior usage), wiped stores, waves of a class counted far low, and pools
-    that count exactly (their waves down to the exact class's ceiling)."""
+    that count exactly (their waves down to the exact class's ceiling), and Doubao pools (ark-api:
+    the cheap count, a wave's as low, and the tokenization API's drift)."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
             "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
-            "missing_wave": 0}
+            "missing_wave": 0, "ark_api": 0, "ark_api_wave": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
@@ -49,8 +50,13 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
             seen["exact"] += line.counting == "exact"
             seen["exact_wave"] += line.counting == "exact" and line.estimate_ratio <= 0.75 \
                 and line.concurrency >= 8
+            seen["ark_api"] += line.counting == "ark-api"
+            seen["ark_api_wave"] += line.counting == "ark-api" and line.estimate_ratio < 0.6
             if line.counting == "exact":
                 assert 1 / 1.5 <= line.estimate_ratio <= 1.05  # within the exact class's ceiling
+            if line.counting == "ark-api":
+                assert 1 / 1.5 <= line.exact_ratio <= 1.05
+        assert len({line.counting for line in s.traffic}) == 1  # one deployment: one method
     assert min(lags) == 0 and max(lags) == 45
     assert min(ratios) < 0.36 and max(ratios) > 1.38
     assert {1, 32} <= conc

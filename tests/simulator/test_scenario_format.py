@@ -89,6 +89,8 @@ def test_a_duplicate_key_is_rejected_with_its_line() -> None:
     ("prompt: 1000,", "prompt: 1000, usage: absent,", "traffic[1].usage"),
     ("prompt: 1000,", "prompt: 1000, day: 3,", "day 3 is after the run's last day (1)"),
     ("version: 1", "version: 2", "version: Input should be 1"),
+    ("prompt: 1000,", "prompt: 1000, exact_ratio: 0.9,", "only for `counting: ark-api`"),
+    ("prompt: 1000,", "prompt: 1000, counting: doubao,", "traffic[1].counting"),
 ])
 def test_inconsistent_lines_are_rejected(old: str, new: str, needle: str) -> None:
     """Wrong shapes, types, enum values and days outside the run are errors, not defaults."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from volc_quota_guard.clock import ManualClock
+from volc_quota_guard.gate import Gate
 from volc_quota_guard.simulator import POOL, parse_scenario, simulate
 from volc_quota_guard.simulator.engine import make_ledger
 from volc_quota_guard.simulator.strategies import HistoricalStrategy, LedgerLister
@@ -116,3 +119,34 @@ def test_prompts_are_reserved_at_the_floor_until_a_worse_ratio_is_measured(
     r = simulate(parse_scenario(BASE + big), "guard", from_env=True)
     # At the default ceiling (3.0) the prompt might be 360,000: more than the 300,000 free.
     assert (r.served_requests, r.blocked_requests) == (0, 1)
+
+
+def test_a_doubao_pool_reserves_big_prompts_and_refused_ones_at_arks_exact_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`counting: ark-api` runs the hook's Doubao path: a prompt counted cheaply at 2,000 tokens or
+    more (VQG_EXACT_COUNT_MIN_TOKENS) is reserved at the tokenization API's count in the exact
+    class at once; a small one cheaply, and again exactly where the cheap count is refused."""
+    classes: list[bool] = []
+    reserve = Gate.reserve
+
+    def spy(self: Gate, *args: Any, **kwargs: Any) -> Any:
+        classes.append(kwargs["exact"])
+        return reserve(self, *args, **kwargs)
+
+    monkeypatch.setattr(Gate, "reserve", spy)
+    big = ('  - {at: "09:00", prompt: 8000, completion: 10, max_tokens: 16, estimate_ratio: 0.5,'
+           ' counting: ark-api, exact_ratio: 0.95}\n')
+    r = simulate(parse_scenario(BASE + big), "guard")
+    assert (r.served_requests, r.billed_tokens, classes) == (1, 0, [True])
+    small = ('  - {at: "09:00", prompt: 1900, completion: 10, max_tokens: 16, estimate_ratio: 0.95,'
+             ' counting: ark-api, exact_ratio: 1.0}\n')
+    tight = BASE.replace("amount: 300000", f"amount: {50_000 + 3_000}")  # SMALL_BUFFER + 3,000
+    # 1,805 cheap × 1.7 = 3,069 + 16 does not fit 3,000; Ark's 1,900 × 1.1 = 2,090 + 16 does.
+    classes.clear()
+    r = simulate(parse_scenario(tight + small), "guard")
+    assert (r.served_requests, r.blocked_requests, r.billed_tokens) == (1, 0, 0)
+    assert classes == [False, True]
+    classes.clear()
+    cheap = simulate(parse_scenario(tight + small.replace("counting: ark-api, exact_ratio: 1.0",
+                                                          "counting: cheap")), "guard")
+    assert (cheap.served_requests, cheap.blocked_requests, classes) == (0, 1, [False])

@@ -11,8 +11,9 @@ Where each job happens (LiteLLM 1.108.7; docs/operating.md, "What happens to a r
   falls back.
 - `async_pre_call_deployment_hook` (after routing, before the HTTP call; the real gate): one
   atomic reservation of input + output cap, clamping the output cap to what fits. For an
-  "ark-api" (Doubao) deployment whose cheap count × k does not fit, the prompt is counted by
-  Ark's tokenization API and reserved as an exact count instead (`_exact_sizing`).
+  "ark-api" (Doubao) deployment, a prompt of `VQG_EXACT_COUNT_MIN_TOKENS` or more, or one whose
+  cheap count × k does not fit, is counted by Ark's tokenization API and reserved as an exact
+  count instead (`_exact_sizing`).
 - `log_pre_api_call` (sync, just before the HTTP call) marks the attempt as sent;
   `async_post_call_streaming_iterator_hook` keeps a handle on a stream's raw chunks, to tell the
   upstream's usage from LiteLLM's local count.
@@ -375,7 +376,8 @@ class QuotaGuard(CustomLogger):
         # A DeepSeek count is exact offline: the gate's exact class (its own k and miscount
         # ceiling); a Doubao one becomes exact where Ark's tokenization API is asked.
         exact, asked = counting.counts_exactly(limits.method), False
-        if limits.method == "ark-api" and self._exact_first(guard.pool, sizing):
+        if limits.method == "ark-api" and (sizing.input_tokens >= self.config.exact_count_min_tokens
+                                           or self._exact_first(guard.pool, sizing)):
             asked = True
             found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)
             if found is not None:

@@ -94,6 +94,11 @@ class RunResult:
     served_tokens: int
     refused_while_free_tokens: int
     stranded_tokens: int = 0  # refused-while-free demand the day's leftover free quota could have served
+    # Of those, what a history start cost: refused while the pool was held or its day's cap
+    # lowered for usage the guard did not see (a first start, a wipe: docs/limit.md), and the
+    # stranded quota of such days in the same share.
+    refused_at_start_tokens: int = 0
+    stranded_at_start_tokens: int = 0
     syncs: int = 0
     elapsed_s: float = 0.0
     series: Series | None = None
@@ -154,9 +159,16 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
     out = Series(step, s.daily_cap) if series else None
 
     served = blocked = clamped = served_tokens = refused_free = stranded = 0
+    refused_start = stranded_start = 0
     next_midnight = next_beijing_midnight_ms(s.start_ms)
     pending = 0  # true tokens of admitted requests that have not settled yet
     spared: dict[int, int] = {}  # Beijing day -> refused tokens counted as would-have-fit
+    spared_start: dict[int, int] = {}  # of those, refused while the history was starting
+
+    def day_stranded(at: int) -> tuple[int, int]:
+        day = beijing_day(at - 1)
+        left = _stranded(ledger, s, at, pending, spared.get(day, 0))
+        return left, left * spared_start.get(day, 0) // max(1, spared.get(day, 0))
     settles: list[tuple[int, int, SimRequest, Admission, int]] = []
     seq = 0
     todo = list(arrivals(s))
@@ -183,7 +195,9 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
             clock.set(now)
 
             if kind == _DAY_END:
-                stranded += _stranded(ledger, s, now, pending, spared.get(beijing_day(now - 1), 0))
+                left, at_start = day_stranded(now)
+                stranded += left
+                stranded_start += at_start
                 next_midnight = next_beijing_midnight_ms(now)
             elif kind == _SETTLE:
                 _, _, req, adm, tokens = heapq.heappop(settles)
@@ -226,6 +240,9 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                         if _fits(ledger, s, now, would, pending + spared.get(day, 0)):
                             refused_free += would
                             spared[day] = spared.get(day, 0) + would
+                            if strat.starting(now):
+                                refused_start += would
+                                spared_start[day] = spared_start.get(day, 0) + would
                         continue
                     clamped += adm.clamped
                     tokens = line.prompt + line.made(adm.output_cap, adm.caps_total)
@@ -234,13 +251,16 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                     heapq.heappush(settles, (done, seq, req, adm, tokens))
 
         final = max(end, clock.now_ms())
-        stranded += _stranded(ledger, s, final, pending, spared.get(beijing_day(final - 1), 0))
+        left, at_start = day_stranded(final)
+        stranded += left
+        stranded_start += at_start
         totals = ledger.totals(POOL, final)
     return RunResult(
         scenario=s.name, strategy=strategy, billed_tokens=totals.billed,
         burned_tokens=totals.burned, expired_tokens=totals.expired, served_requests=served,
         blocked_requests=blocked, clamped_requests=clamped, served_tokens=served_tokens,
-        refused_while_free_tokens=refused_free, stranded_tokens=stranded, syncs=strat.syncs,
+        refused_while_free_tokens=refused_free, stranded_tokens=stranded,
+        refused_at_start_tokens=refused_start, stranded_at_start_tokens=stranded_start, syncs=strat.syncs,
         elapsed_s=time.perf_counter() - started, series=out)
 
 

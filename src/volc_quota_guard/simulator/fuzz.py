@@ -31,7 +31,7 @@ import yaml
 
 from ..clock import BEIJING
 from .engine import simulate
-from .scenario import parse_scenario
+from .scenario import Scenario, parse_scenario
 
 DEFAULT_OUTPUT = 8_192  # the guard's output cap without max_tokens (Settings.default_output_tokens)
 MAX_REQUESTS = 400  # per scenario, so a run stays well under a second
@@ -119,6 +119,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _shapes(seed, out)
     _unmeasured_wave(seed, out, start.hour * 60)
     _exact_counts(seed, out)
+    _ark_api_counts(seed, out)
     return out
 
 
@@ -134,6 +135,23 @@ def _exact_counts(seed: int, scenario: dict[str, object]) -> None:
         wave = line["estimate_ratio"] < 0.6
         line["estimate_ratio"] = round(rng.uniform(0.67, 0.75 if wave else 1.05), 2)
         line["counting"] = "exact"
+
+
+def _ark_api_counts(seed: int, scenario: dict[str, object]) -> None:
+    """A Doubao pool (`ark-api`), from a generator of its own, for half the pools `_exact_counts`
+    left cheap: each line is reserved on its cheap count and, where that is refused at a wall, on
+    Ark's tokenization API's count, off by template drift only (`exact_ratio` as `_exact_counts`
+    draws it; the cheap `estimate_ratio`, a wave's included, is kept)."""
+    rng = random.Random(f"ark-api-{seed}")
+    if rng.random() < 0.5:
+        return
+    for line in scenario["traffic"]:  # type: ignore[attr-defined]
+        if line.get("counting") == "exact":
+            return
+    for line in scenario["traffic"]:  # type: ignore[attr-defined]
+        wave = line["estimate_ratio"] < 0.6
+        line["counting"] = "ark-api"
+        line["exact_ratio"] = round(rng.uniform(0.67, 0.75 if wave else 1.05), 2)
 
 
 def _unmeasured_wave(seed: int, scenario: dict[str, object], start_minute: int) -> None:
@@ -216,8 +234,10 @@ class FuzzCase:
     refused_while_free: int
     requests: int
     stranded: int = 0
+    refused_at_start: int = 0  # of refused_while_free: while the guard's history was starting
+    stranded_at_start: int = 0
     error: str | None = None
-    exact: bool = False  # the pool counts exactly (every line in the gate's exact class)
+    counting: str = "cheap"  # the pool's counting method: its lines' (cheap, exact, ark-api)
 
     @property
     def failed(self) -> bool:
@@ -233,7 +253,13 @@ def run_seed(seed: int, store_url: str | None = None) -> FuzzCase:
         return FuzzCase(seed, 0, 0, 0, 0, 0, error=f"{type(exc).__name__}: {exc}")
     return FuzzCase(seed, r.billed_tokens, r.burned_tokens, r.served_tokens,
                     r.refused_while_free_tokens, r.served_requests + r.blocked_requests,
-                    r.stranded_tokens, exact=all(line.counting == "exact" for line in s.traffic))
+                    r.stranded_tokens, r.refused_at_start_tokens, r.stranded_at_start_tokens,
+                    counting=_method(s))
+
+
+def _method(s: Scenario) -> str:
+    methods = {line.counting for line in s.traffic}
+    return methods.pop() if len(methods) == 1 else "mixed"
 
 
 def run_fuzz(seeds: Iterable[int], workers: int | None = None,

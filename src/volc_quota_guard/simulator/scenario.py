@@ -127,9 +127,12 @@ class TrafficLine(_Strict):
     n: Annotated[int, Field(strict=True, ge=1, le=16)] = 1  # choices: each makes its own output
     reasoning: RequestTokens = 0  # per choice while thinking is on; max_tokens does not cap it
     thinking: bool = True  # False: the request switches deep thinking off
-    # exact: the guard's count is an exact one (a DeepSeek deployment's tokenizer, Ark's
-    # tokenization API), reserved in the gate's exact class; `estimate_ratio` is its drift.
-    counting: Literal["cheap", "exact"] = "cheap"
+    # exact: the guard's count is an exact one (a DeepSeek deployment's tokenizer), reserved in
+    # the gate's exact class; `estimate_ratio` is its drift. ark-api: a Doubao deployment's, the
+    # cheap count (`estimate_ratio`) and, where that is refused at a wall, Ark's tokenization
+    # API's exact count (`exact_ratio`: its drift) reserved in the exact class instead.
+    counting: Literal["cheap", "exact", "ark-api"] = "cheap"
+    exact_ratio: Annotated[float, Field(strict=True, gt=0, le=100)] = 1.0
 
     def made(self, cap: int | None, caps_total: bool) -> int:
         """Output tokens Ark produces for this line under `cap` (per choice; answer-only or total)."""
@@ -152,6 +155,8 @@ class TrafficLine(_Strict):
                              f"(missing: {', '.join(missing)}); a single request needs `at`")
         if self.prompt + self.completion == 0:
             raise ValueError("a request consumes at least one token (prompt + completion > 0)")
+        if "exact_ratio" in self.model_fields_set and self.counting != "ark-api":
+            raise ValueError("`exact_ratio` is the tokenization API's drift: only for `counting: ark-api`")
         return self
 
     @property
@@ -161,6 +166,10 @@ class TrafficLine(_Strict):
     def estimate(self) -> int:
         """The guard's tokenizer estimate of the prompt (`estimate_ratio` × true prompt tokens)."""
         return max(1, math.ceil(self.prompt * self.estimate_ratio - 1e-9))
+
+    def exact_estimate(self) -> int:
+        """Ark's tokenization API's count of the prompt, template allowance included (ark-api)."""
+        return max(1, math.ceil(self.prompt * self.exact_ratio - 1e-9))
 
 
 class Scenario(_Strict):

@@ -17,7 +17,8 @@ import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 import fakeredis
@@ -50,6 +51,8 @@ PREBLOCK_RESERVE_TOKENS = 50_000  # reserve when a request has no max_tokens
 BURST_SYNC_TOKENS = 100_000  # a sync right after this much usage since the last one
 LOW_REMAINING = 300_000  # below this much left, sync every LOW_INTERVAL
 LOW_INTERVAL_MS = 5 * MINUTE_MS
+
+_WALLS = ("balance_wall", "collection_wall")
 
 STRATEGIES = ("guard", "v2", "v4", "v5", "v6")
 
@@ -100,6 +103,10 @@ class Strategy(Protocol):
         """The output cap a request would get if admitted without a clamp (None: uncapped)."""
 
     def view(self, now: int) -> LimitView: ...
+
+    def starting(self, now: int) -> bool:
+        """Whether the strategy's history of the pool is starting: the pool held, or today's
+        cap lowered for usage it did not see (a first start, lost state; docs/limit.md)."""
 
     def close(self) -> None:
         """Drop what the run stored."""
@@ -265,9 +272,19 @@ class GuardStrategy:
 
     def admit(self, req: SimRequest, now: int) -> Admission:
         need = self._need(req)  # the hook's rule (admission.sizing), on the line's numbers
-        d = self.gate.reserve(POOL, req.rid, need.wanted, need.least,
-                              ttl_ms=self.cfg.reservation_ttl_seconds * 1000, input_tokens=req.estimate,
-                              exact=req.line.counting == "exact")
+        ttl_ms = self.cfg.reservation_ttl_seconds * 1000
+        exact = req.line.counting == "exact"
+        if req.line.counting == "ark-api" and need.input_tokens >= self.cfg.exact_count_min_tokens:
+            need, exact = self._need(replace(req, estimate=req.line.exact_estimate())), True
+        d = self.gate.reserve(POOL, req.rid, need.wanted, need.least, ttl_ms=ttl_ms,
+                              input_tokens=need.input_tokens, exact=exact)
+        if req.line.counting == "ark-api" and not exact and not d.admitted and d.reason in _WALLS:
+            # The hook's Doubao path (docs/counting.md): a big prompt, or one whose cheap count
+            # does not fit, is counted by Ark's tokenization API and reserved in the exact class
+            # (a refusal wrote nothing, so it is asked again).
+            need = self._need(replace(req, estimate=req.line.exact_estimate()))
+            d = self.gate.reserve(POOL, req.rid, need.wanted, need.least, ttl_ms=ttl_ms,
+                                  input_tokens=need.input_tokens, exact=True)
         if not d.admitted:
             return Admission(False, reason=d.reason)
         out = need.granted_per_choice(d)  # the per-choice cap the hook pins
@@ -289,6 +306,12 @@ class GuardStrategy:
         if d.reason == "no_snapshot":
             return LimitView(0, 0)
         return LimitView(d.used_today, d.used_today + max(d.headroom, 0))
+
+    def starting(self, now: int) -> bool:
+        field = partial(self.gate.records.state_int, POOL)
+        if not field("snap_at") or field("hold_until") > now:  # no state yet (a wipe), or held
+            return True
+        return field("day_margin") > 0 and field("day_lost") == beijing_day(now)
 
 
 # ---------------------------------------------------------------------- the seed's formulas
@@ -378,6 +401,9 @@ class HistoricalStrategy:
 
     def view(self, now: int) -> LimitView:
         return LimitView(self.today(now), self.limit)
+
+    def starting(self, now: int) -> bool:
+        return False
 
     def close(self) -> None:
         pass
