@@ -27,6 +27,7 @@ import yaml
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.gate import Gate, PoolState, Snapshot
 from volc_quota_guard.gate.keys import KeySpace
+from volc_quota_guard.proxy.calls import POOL_READ_S
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_CONFIG = ROOT / "config" / "litellm.example.yaml"
@@ -125,6 +126,10 @@ class Proxy:
             balance=headroom, settled_usage=ucum, expiring=0, small_buffer=0,
             daily_cap=today + daily_headroom, valid_until_ms=int(time.time() * 1000) + 3_600_000,
             evict_below=evict_below))
+        if min(headroom, daily_headroom) < evict_below:
+            # An eviction by another process reaches the proxy's routing within POOL_READ_S (its
+            # reserve refuses what does not fit at once; a request that fits may still be served).
+            time.sleep(POOL_READ_S)
 
 
 IDLE_ACCOUNT_ADMIT = "1000000000"  # VQG_COLD_START_ADMIT_TOKENS for an account with no prior usage

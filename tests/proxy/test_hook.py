@@ -22,11 +22,12 @@ from volc_quota_guard.gate import AsyncGate, Decision, Gate, Snapshot  # noqa: E
 from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
 from volc_quota_guard.gate.store import connect_async  # noqa: E402
 from volc_quota_guard.outcome import failure_action, read_usage  # noqa: E402
-from volc_quota_guard.proxy import hook as hook_mod  # noqa: E402
 from volc_quota_guard.proxy import (
+    calls,  # noqa: E402
     loglines,  # noqa: E402
     refusals,  # noqa: E402
 )
+from volc_quota_guard.proxy import hook as hook_mod  # noqa: E402
 from volc_quota_guard.proxy.deployments import (  # noqa: E402
     GuardConfigError,
     guard_for,
@@ -627,4 +628,44 @@ def test_a_refusal_by_the_ceiling_bound_says_so(world: Callable[..., Any]) -> No
                                                          "acompletion")
         assert "estimate correction's ceiling" in str(err.value), str(err.value)
         assert w.state()["inflight"] == 0
+    world(scenario)
+
+
+def test_routing_reuses_a_recent_read_of_a_routable_pool_only(
+        world: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter's eviction read is answered from this process's read of under POOL_READ_S while
+    it showed the pool routable (one round trip saved per request at load); an answer of this
+    process that evicts the pool, an evicted read, and an old read all go back to the store."""
+    monkeypatch.setattr(calls, "POOL_READ_S", 0.2)
+
+    async def scenario(w: World) -> None:
+        w.seed(5_000)
+        gate = w.guard.gate()
+        reads: list[list[str]] = []
+        evicted_until = gate.evicted_until
+
+        async def counted(pools: list[str]) -> dict[str, int]:
+            reads.append(pools)
+            return await evicted_until(pools)
+
+        monkeypatch.setattr(gate, "evicted_until", counted)
+        deps = [{"litellm_params": {"model": "volcengine/m-1"},
+                 "model_info": {"id": "dep-a", "vqg_account": "acct-a"}}]
+        for _ in range(3):
+            assert len(await w.guard.async_filter_deployments("g", deps, None, {})) == 1
+        assert len(reads) == 1
+        # This process's reserve leaves less than evict_below (1,000): its answer evicts the pool.
+        await w.guard.async_pre_call_deployment_hook(call(), "acompletion")
+        for _ in range(2):  # read again, and again: an evicted pool is never answered from memory
+            with pytest.raises(QuotaRefused):
+                await w.guard.async_filter_deployments("g", deps, None, {})
+        assert len(reads) == 3
+        w.seed(100_000)  # a snapshot lifts the eviction
+        assert len(await w.guard.async_filter_deployments("g", deps, None, {})) == 1
+        w.seed(10)  # another process's snapshot evicts it: seen once the read is POOL_READ_S old
+        assert len(await w.guard.async_filter_deployments("g", deps, None, {})) == 1
+        await asyncio.sleep(0.25)
+        with pytest.raises(QuotaRefused):
+            await w.guard.async_filter_deployments("g", deps, None, {})
+        assert len(reads) == 5
     world(scenario)

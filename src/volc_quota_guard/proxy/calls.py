@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +18,7 @@ from ..errors import GuardConfigError
 from .deployments import GuardedDeployment, guard_for, guard_for_deployment
 
 STASH_KEY = "vqg_reservations"  # model_id -> reservation id, in the call's metadata
-ROUTING_READ_KEY = "vqg_routing_read"  # metadata: token of the pre-call hook's eviction read
-ROUTING_READ_S = 2.0  # the filter reuses that read if it is younger than this
+POOL_READ_S = 1.0  # a pool read as routable this recently is not read again for routing
 
 
 @dataclass
@@ -285,34 +283,33 @@ def stamp(kwargs: dict[str, Any], route: admission.Route, res: Reservation) -> d
     return kwargs
 
 
-class RoutingReads:
-    """Eviction reads the pre-call hook made, for the routing filter of the same request to
-    reuse; the token in the request's metadata only points into this process's own table."""
+class PoolReads:
+    """This process's last eviction read of each pool, for routing only: a pool read as routable
+    less than POOL_READ_S ago is not read again (most requests skip a round trip at load); one
+    read as evicted always is. The reserve stays the only authority: a pool evicted meanwhile by
+    another process refuses at its reserve, and this process's own answers that evict a pool
+    forget its read at once."""
 
     def __init__(self) -> None:
-        self._reads: dict[str, tuple[dict[str, int], float]] = {}  # token -> (read, at)
+        self._reads: dict[str, tuple[int, float]] = {}  # pool -> (evicted until, host ms; read at)
 
-    def keep(self, data: dict[str, Any], read: dict[str, int]) -> None:
-        now = time.monotonic()
-        reads = self._reads  # in creation order: pruning stops at the first young one
-        while reads:
-            oldest = next(iter(reads))
-            if now - reads[oldest][1] < ROUTING_READ_S:
-                break
-            del reads[oldest]
-        token = uuid.uuid4().hex
-        self._reads[token] = (read, now)
-        _own_metadata(data)[ROUTING_READ_KEY] = token
+    def find(self, pools: list[str]) -> dict[str, int] | None:
+        now, wall_ms = time.monotonic(), time.time() * 1000
+        found = {}
+        for pool in pools:
+            read = self._reads.get(pool)
+            if read is None or now - read[1] >= POOL_READ_S or read[0] > wall_ms:
+                return None
+            found[pool] = read[0]
+        return found
 
-    def find(self, request: Mapping[str, Any], pools: list[str]) -> dict[str, int] | None:
-        """The kept read of `pools` for this request, if it is young enough."""
+    def keep(self, read: Mapping[str, int]) -> None:
         now = time.monotonic()
-        for md in metadatas(request):
-            token = md.get(ROUTING_READ_KEY)
-            found = self._reads.get(token) if isinstance(token, str) else None
-            if found is not None and now - found[1] < ROUTING_READ_S and set(pools) <= found[0].keys():
-                return {p: found[0][p] for p in pools}
-        return None
+        for pool, until in read.items():
+            self._reads[pool] = (until, now)
+
+    def forget(self, pool: str) -> None:
+        self._reads.pop(pool, None)
 
 
 def guards_of_group(router: Any, model: str, data: Mapping[str, Any]

@@ -6,7 +6,8 @@ Where each job happens (LiteLLM 1.108.7; docs/operating.md, "What happens to a r
   messages (400), and when *every* deployment of the requested group is evicted, raise
   `ProxyRateLimitError` so the proxy walks the configured fallbacks and otherwise answers
   429 + Retry-After.
-- `async_filter_deployments` (every routing attempt): drop evicted pools (one pipelined read)
+- `async_filter_deployments` (every routing attempt): drop evicted pools (one pipelined read, or
+  this process's read of under a second ago that found them routable: `PoolReads`)
   and deployments that already refused this request, so the router picks another account or
   falls back.
 - `async_pre_call_deployment_hook` (after routing, before the HTTP call; the real gate): one
@@ -60,10 +61,10 @@ from ..outcome import failure_action, read_usage  # noqa: E402
 from ..volcengine.volc_tokenize import ArkTokenizer  # noqa: E402
 from . import loglines, refusals  # noqa: E402
 from .calls import (  # noqa: E402
+    PoolReads,
     RequestState,
     Reservation,
     Reservations,
-    RoutingReads,
     call_type_name,
     group_size,
     guard_of_call,
@@ -118,7 +119,7 @@ class QuotaGuard(CustomLogger):
             weakref.WeakKeyDictionary())
         self.reservations = Reservations()  # this process's live reservations
         self._sees_sends = False  # log_pre_api_call fires here, so "never sent" is knowable
-        self._routing_reads = RoutingReads()
+        self._pool_reads = PoolReads()
         self._limits_of: dict[str, tuple[GuardedDeployment, admission.Limits]] = {}  # see _limits
         self._tokenizers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ArkTokenizer] = (
             weakref.WeakKeyDictionary())
@@ -202,7 +203,6 @@ class QuotaGuard(CustomLogger):
         if not all_guarded:
             return None  # unguarded deployments remain: the filter routes around evicted pools
         evicted = await self._evicted([g.pool for g in guarded])
-        self._routing_reads.keep(data, evicted)
         now = _now_ms()
         if all(until > now for until in evicted.values()):
             await self._refuse_group(model, guarded, evicted, data, route)
@@ -291,7 +291,7 @@ class QuotaGuard(CustomLogger):
             return healthy
         state = request_state(request_kwargs)
         try:
-            evicted = await self._evicted(sorted({g.pool for g in guards.values()}), request_kwargs)
+            evicted = await self._evicted(sorted({g.pool for g in guards.values()}))
         except StoreUnavailable as exc:
             unguarded = [d for i, d in enumerate(healthy) if i not in guards]
             if unguarded and not self.fail_open:
@@ -318,12 +318,19 @@ class QuotaGuard(CustomLogger):
                                                call=request_kwargs.get("litellm_call_id")))
         raise refusals.refused(model, [g.pool for g in gone], why, wait)
 
-    async def _evicted(self, pools: list[str], request: Mapping[str, Any] | None = None
-                       ) -> dict[str, int]:
-        """Each pool's eviction deadline (host clock); the pre-call hook's read of the same
-        request moments earlier is reused (one round trip, not two)."""
-        found = self._routing_reads.find(request or {}, pools)
-        return found if found is not None else await self.gate().evicted_until(pools)
+    async def _evicted(self, pools: list[str]) -> dict[str, int]:
+        """Each pool's eviction deadline (host clock): this process's read of less than a second
+        ago where it showed every pool routable (`PoolReads`), else one pipelined round trip."""
+        found = self._pool_reads.find(pools)
+        if found is None:
+            found = await self.gate().evicted_until(pools)
+            self._pool_reads.keep(found)
+        return found
+
+    def _saw(self, pool: str, d: Decision) -> None:
+        """A gate answer that takes the pool out of routing: its routing read is stale now."""
+        if d.evicted_until:
+            self._pool_reads.forget(pool)
 
     # ---- the gate --------------------------------------------------------------------------
 
@@ -399,6 +406,7 @@ class QuotaGuard(CustomLogger):
                           refusals.store_down(group, exc), exc)
             return None
         inp = sizing.input_tokens
+        self._saw(guard.pool, d)
         if limits.method == "ark-api":  # the hint only ark-api deployments read (_exact_first)
             self._headroom_seen[guard.pool] = (time.monotonic(), d.headroom, d.correction_ppm)
         metrics.reserved(guard.pool, d, sizing.output)
@@ -645,6 +653,7 @@ class QuotaGuard(CustomLogger):
                 return
             self.reservations.forget(res)
             d = await self.gate().settle(res.pool, res.rid, None)
+            self._saw(res.pool, d)
             if d.reason == "settled":
                 exc = kwargs.get("exception")
                 self._log_usage(res, None, d, "unavailable", 0,
@@ -659,6 +668,7 @@ class QuotaGuard(CustomLogger):
 
     def _log_usage(self, res: Reservation, tokens: int | None, d: Decision, source: str,
                    cached: int, **fields: object) -> None:
+        self._saw(res.pool, d)
         line = loglines.usage(res.upstream_model, res.pool, tokens, d, d.balance_at_sync, source=source,
                               counted=d.amount, reserved=res.granted, cached=cached or None,
                               group=res.model_group, call=res.call_id,
