@@ -295,12 +295,16 @@ class PoolReads:
 
     def find(self, pools: list[str]) -> dict[str, int] | None:
         now, wall_ms = time.monotonic(), time.time() * 1000
-        found = {}
+        found, old = {}, False
         for pool in pools:
             read = self._reads.get(pool)
-            if read is None or now - read[1] >= POOL_READ_S or read[0] > wall_ms:
-                return None
+            if read is None or read[0] > wall_ms:
+                return None  # never read, or evicted: read it
             found[pool] = read[0]
+            old = old or now - read[1] >= POOL_READ_S
+        if old:  # this caller reads; the requests behind it route on the last read meanwhile
+            self.keep(found)
+            return None
         return found
 
     def keep(self, read: Mapping[str, int]) -> None:
