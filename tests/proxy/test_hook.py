@@ -669,3 +669,66 @@ def test_routing_reuses_a_recent_read_of_a_routable_pool_only(
             await w.guard.async_filter_deployments("g", deps, None, {})
         assert len(reads) == 5
     world(scenario)
+
+
+def test_a_failed_refresh_of_an_old_pool_read_leaves_no_routable_answer_behind(
+        world: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller that refreshes an old read marks it young for the requests behind it; when its
+    read fails (the store is down), that old read must not keep answering routing: fail-closed
+    routes a mixed group to its unguarded deployments on every request, as without PoolReads."""
+    from volc_quota_guard.errors import StoreUnavailable
+    monkeypatch.setattr(calls, "POOL_READ_S", 0.05)
+
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        gate = w.guard.gate()
+        guarded = {"litellm_params": {"model": "volcengine/m-1"},
+                   "model_info": {"id": "dep-a", "vqg_account": "acct-a"}}
+        other = {"litellm_params": {"model": "openai/gpt-x"}, "model_info": {"id": "o"}}
+        assert len(await w.guard.async_filter_deployments("g", [guarded, other], None, {})) == 2
+
+        async def down(pools: list[str]) -> dict[str, int]:
+            raise StoreUnavailable("redis down")
+
+        monkeypatch.setattr(gate, "evicted_until", down)
+        for _ in range(3):
+            await asyncio.sleep(0.06)
+            for _ in range(3):  # the refreshing caller, then the requests behind it
+                assert await w.guard.async_filter_deployments(
+                    "g", [guarded, other], None, {}) == [other]
+    world(scenario, fail_mode="closed")
+
+
+def test_a_read_sent_before_this_processs_eviction_is_not_kept_after_it(
+        world: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A routing read in flight while this process's reserve evicts the pool must not re-install
+    the routable answer the eviction forgot ('one by this process's own reserve at once')."""
+    monkeypatch.setattr(calls, "POOL_READ_S", 0.05)
+
+    async def scenario(w: World) -> None:
+        w.seed(5_000)
+        gate = w.guard.gate()
+        deps = [{"litellm_params": {"model": "volcengine/m-1"},
+                 "model_info": {"id": "dep-a", "vqg_account": "acct-a"}}]
+        assert len(await w.guard.async_filter_deployments("g", deps, None, {})) == 1
+        await asyncio.sleep(0.06)  # the read is old: the next filter reads again
+        evicted_until = gate.evicted_until
+        read_done, go_on = asyncio.Event(), asyncio.Event()
+
+        async def slow(pools: list[str]) -> dict[str, int]:
+            found = await evicted_until(pools)  # routable, read before the eviction
+            read_done.set()
+            await go_on.wait()  # its answer is handled after the reserve's
+            return found
+
+        monkeypatch.setattr(gate, "evicted_until", slow)
+        routing = asyncio.create_task(w.guard.async_filter_deployments("g", deps, None, {}))
+        await read_done.wait()
+        await w.guard.async_pre_call_deployment_hook(call(), "acompletion")  # evicts the pool
+        assert w.state()["evicted_until"] > 0
+        go_on.set()
+        assert len(await routing) == 1  # that request routed on what it read: fine
+        monkeypatch.setattr(gate, "evicted_until", evicted_until)
+        with pytest.raises(QuotaRefused):  # the next one must see the eviction
+            await w.guard.async_filter_deployments("g", deps, None, {})
+    world(scenario)

@@ -292,6 +292,8 @@ class PoolReads:
 
     def __init__(self) -> None:
         self._reads: dict[str, tuple[int, float]] = {}  # pool -> (evicted until, host ms; read at)
+        self._forgets = 0  # forget() calls so far
+        self._forgot: dict[str, int] = {}  # pool -> self._forgets at its last forget
 
     def find(self, pools: list[str]) -> dict[str, int] | None:
         now, wall_ms = time.monotonic(), time.time() * 1000
@@ -307,12 +309,20 @@ class PoolReads:
             return None
         return found
 
-    def keep(self, read: Mapping[str, int]) -> None:
+    def mark(self) -> int:
+        """Taken before a read: `keep(read, since=mark)` skips pools forgotten meanwhile (a read
+        sent before this process's answer evicted the pool must not bring its routable read back)."""
+        return self._forgets
+
+    def keep(self, read: Mapping[str, int], since: int | None = None) -> None:
         now = time.monotonic()
         for pool, until in read.items():
-            self._reads[pool] = (until, now)
+            if since is None or self._forgot.get(pool, 0) <= since:
+                self._reads[pool] = (until, now)
 
     def forget(self, pool: str) -> None:
+        self._forgets += 1
+        self._forgot[pool] = self._forgets
         self._reads.pop(pool, None)
 
 

@@ -321,10 +321,20 @@ class QuotaGuard(CustomLogger):
     async def _evicted(self, pools: list[str]) -> dict[str, int]:
         """Each pool's eviction deadline (host clock): this process's read of less than a second
         ago where it showed every pool routable (`PoolReads`), else one pipelined round trip."""
-        found = self._pool_reads.find(pools)
+        reads = self._pool_reads
+        found = reads.find(pools)
         if found is None:
-            found = await self.gate().evicted_until(pools)
-            self._pool_reads.keep(found)
+            since = reads.mark()
+            try:
+                found = await self.gate().evicted_until(pools)
+            except BaseException:
+                # find() may have just made an old read young for the requests behind this one:
+                # a failed refresh must not leave it answering routing (fail-closed routes around
+                # guarded deployments on every request while the store is down).
+                for pool in pools:
+                    reads.forget(pool)
+                raise
+            reads.keep(found, since)
         return found
 
     def _saw(self, pool: str, d: Decision) -> None:
