@@ -198,3 +198,24 @@ def test_the_exact_correction_learns_a_template_bigger_than_the_allowance(doubao
     assert st.get("xcorr") == -(-measured * 1_000_000 // exact)
     assert st.get("corr") == 0
     assert doubao.fake.pool_totals(pool).billed == 0
+
+
+def test_after_a_tokenization_failure_big_prompts_stop_asking_first(doubao: Proxy) -> None:
+    """With Ark's tokenization API failing, a big prompt far from the wall falls back to its cheap
+    count (and is admitted, it fits); for EXACT_BACKOFF_S the next big prompts of that deployment
+    do not ask first (each would wait for the API's timeout for nothing)."""
+    control = tokenize_control(doubao.fake)
+    big = [{"role": "user", "content": ZH * 80 + " backoff [[fake delay=1.0]]"}]
+    try:
+        control.mode = "error"  # type: ignore[assignment]
+        calls = control.calls
+        held = held_while_running(doubao, "db-big", big)
+        assert control.calls == calls + 1 and held["inflight_xest"] == 0  # asked, fell back
+        settled(doubao, "db-big")
+        other = [{"role": "user", "content": ZH * 81 + " [[fake delay=1.0]]"}]
+        held = held_while_running(doubao, "db-big", other)
+        assert control.calls == calls + 1 and held["inflight_est"] > 2_000  # not asked again
+        settled(doubao, "db-big")
+    finally:
+        control.mode = "ok"
+    assert doubao.fake.pool_totals(POOLS["db-big"][0]).billed == 0

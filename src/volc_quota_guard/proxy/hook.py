@@ -89,6 +89,7 @@ LIMITS_CACHE_SIZE = 4096  # deployments whose Limits are kept (cleared when full
 RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
 HEADROOM_HINT_S = 10.0  # a pool's last gate answer in this process says "near the wall" this long
 FALLBACK_LOG_S = 60.0  # a deployment's tokenization failures are logged once a minute
+EXACT_BACKOFF_S = 30.0  # after a failure, big prompts wait this long before asking first again
 _WALLS = ("balance_wall", "collection_wall")
 
 
@@ -127,6 +128,7 @@ class QuotaGuard(CustomLogger):
         # when to ask Ark for an exact count first (the reserve stays the only authority)
         self._headroom_seen: dict[str, tuple[float, int, int]] = {}
         self._fallback_logged: dict[str, float] = {}  # model id -> when its failure was logged
+        self._exact_failed_at: dict[str, float] = {}  # model id -> when Ark's tokenization last failed
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -393,7 +395,7 @@ class QuotaGuard(CustomLogger):
         # A DeepSeek count is exact offline: the gate's exact class (its own k and miscount
         # ceiling); a Doubao one becomes exact where Ark's tokenization API is asked.
         exact, asked = counting.counts_exactly(limits.method), False
-        if limits.method == "ark-api" and (sizing.input_tokens >= self.config.exact_count_min_tokens
+        if limits.method == "ark-api" and (self._exact_by_size(guard, sizing)
                                            or self._exact_first(guard.pool, sizing)):
             asked = True
             found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)
@@ -437,6 +439,15 @@ class QuotaGuard(CustomLogger):
                         f"{d.headroom + d.amount:,}", guard.pool, group, call_id)
         return stamp(kwargs, route, res)
 
+    def _exact_by_size(self, guard: GuardedDeployment, sizing: admission.Sizing) -> bool:
+        """A big prompt is counted exactly wherever the wall is, unless Ark's tokenization API
+        failed for this deployment in the last EXACT_BACKOFF_S (then only a refusal asks: an API
+        that is down costs its timeout where the count changes a decision, not on every big prompt)."""
+        if sizing.input_tokens < self.config.exact_count_min_tokens:
+            return False
+        failed = self._exact_failed_at.get(guard.model_id)
+        return failed is None or time.monotonic() - failed >= EXACT_BACKOFF_S
+
     def _exact_first(self, pool: str, sizing: admission.Sizing) -> bool:
         """Whether this process's last answer for `pool` (a few seconds old at most) says the
         cheap count × k would not fit: then Ark is asked before the first reserve, saving one."""
@@ -476,6 +487,7 @@ class QuotaGuard(CustomLogger):
     def _exact_failed(self, guard: GuardedDeployment, why: str) -> None:
         metrics.exact_count(guard.pool, "fallback")
         now = time.monotonic()
+        self._exact_failed_at[guard.model_id] = now
         if now - self._fallback_logged.get(guard.model_id, -FALLBACK_LOG_S) >= FALLBACK_LOG_S:
             self._fallback_logged[guard.model_id] = now
             log.warning("⚠️ [EXACT-FALLBACK] %s: Ark's tokenization API failed (%s); reserving at "
