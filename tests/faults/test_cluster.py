@@ -226,9 +226,10 @@ def proxies(cluster: RedisCluster, fake: FakeVolcengine,
     env = sync_env(fake, VQG_REDIS_CLUSTER="true", VQG_RESERVATION_TTL_SECONDS="10",
                    VQG_EVICT_BELOW="500")
     prefix = f"vqgtest-cl-{uuid.uuid4().hex[:8]}"
-    with ThreadPoolExecutor(2) as pool:
-        started = list(pool.map(lambda i: start_proxy(tmp_path_factory.mktemp(f"cluster{i}"), fake,
-                                                      cluster.url, prefix, env=env), range(2)))
+    homes = [tmp_path_factory.mktemp(f"cluster{i}") for i in range(2)]  # not in the threads: see
+    with ThreadPoolExecutor(2) as pool:  # tests/proxy/test_proxy_store_down.py
+        started = list(pool.map(lambda home: start_proxy(home, fake, cluster.url, prefix, env=env),
+                                homes))
     for p in started:
         p.gate = Gate(connect(cluster.url, cluster=True), KeySpace(prefix))
     yield started

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,20 +15,20 @@ from volc_quota_guard.fake import FakeVolcengine
 pytestmark = pytest.mark.proxy
 
 
-def _start(tmp: pytest.TempPathFactory, fake: FakeVolcengine, mode: str) -> Proxy:
+def _start(home: Path, fake: FakeVolcengine, mode: str) -> Proxy:
     dead_store = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    return start_proxy(tmp.mktemp(f"store-down-{mode}"), fake, dead_store, "vqgtest-down",
-                       env={"VQG_FAIL_MODE": mode})
+    return start_proxy(home, fake, dead_store, "vqgtest-down", env={"VQG_FAIL_MODE": mode})
 
 
 @pytest.fixture(scope="module")
 def proxies(tmp_path_factory: pytest.TempPathFactory,
             fake: FakeVolcengine) -> Iterator[dict[str, Proxy]]:
     """Two proxies whose store is unreachable: fail-closed (the default) and fail-open."""
+    # The directories first, in this thread: pytest creates its base temp dir on first use, and
+    # two threads doing that at once race (FileExistsError in CI).
+    homes = {m: tmp_path_factory.mktemp(f"store-down-{m}") for m in ("closed", "open")}
     with ThreadPoolExecutor(2) as pool:  # start both at once: startup is the slow part
-        started = dict(zip(("closed", "open"),
-                           pool.map(lambda m: _start(tmp_path_factory, fake, m), ("closed", "open")),
-                           strict=True))
+        started = dict(zip(homes, pool.map(lambda m: _start(homes[m], fake, m), homes), strict=True))
     yield started
     for p in started.values():
         stop_proxy(p)
