@@ -47,6 +47,11 @@ class Decision:
         return self.status == "ok" and self.reason in ("admitted", "duplicate")
 
     @property
+    def refused_at_wall(self) -> bool:
+        """Refused for lack of headroom (not a missing or stale snapshot): a smaller count may fit."""
+        return self.reason in ("balance_wall", "collection_wall")
+
+    @property
     def binding_wall(self) -> str:
         """The wall closer to being hit: 'balance' or 'collection'."""
         b = self.balance_wall - self.used_balance

@@ -90,7 +90,6 @@ RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as A
 HEADROOM_HINT_S = 10.0  # a pool's last gate answer in this process says "near the wall" this long
 FALLBACK_LOG_S = 60.0  # a deployment's tokenization failures are logged once a minute
 EXACT_BACKOFF_S = 30.0  # after a failure, big prompts wait this long before asking first again
-_WALLS = ("balance_wall", "collection_wall")
 
 
 def _now_ms() -> int:
@@ -404,7 +403,7 @@ class QuotaGuard(CustomLogger):
         try:
             d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least, ttl_ms,
                                           input_tokens=sizing.input_tokens, exact=exact)
-            if limits.method == "ark-api" and not asked and not d.admitted and d.reason in _WALLS:
+            if limits.method == "ark-api" and not asked and d.refused_at_wall:
                 # The cheap count × k did not fit: Ark's exact count may (a refusal wrote nothing
                 # under this id, so it is asked again with the exact count).
                 found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)

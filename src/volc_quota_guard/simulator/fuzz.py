@@ -139,17 +139,15 @@ def _exact_counts(seed: int, scenario: dict[str, object]) -> None:
 
 def _ark_api_counts(seed: int, scenario: dict[str, object]) -> None:
     """A Doubao pool (`ark-api`), from a generator of its own, for half the pools `_exact_counts`
-    left cheap: each line is reserved on its cheap count and, where that is refused at a wall, on
-    Ark's tokenization API's count, off by template drift only (`exact_ratio` as `_exact_counts`
-    draws it; the cheap `estimate_ratio`, a wave's included, is kept)."""
+    left cheap: each line is reserved on its cheap count and, for a big prompt or one refused at
+    a wall, on Ark's tokenization API's count, off by template drift only (`exact_ratio` as
+    `_exact_counts` draws it; the cheap `estimate_ratio`, a wave's included, is kept)."""
     rng = random.Random(f"ark-api-{seed}")
-    if rng.random() < 0.5:
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    if rng.random() < 0.5 or any(line.get("counting") == "exact" for line in traffic):
         return
-    for line in scenario["traffic"]:  # type: ignore[attr-defined]
-        if line.get("counting") == "exact":
-            return
-    for line in scenario["traffic"]:  # type: ignore[attr-defined]
-        wave = line["estimate_ratio"] < 0.6
+    for line in traffic:
+        wave = float(line["estimate_ratio"]) < 0.6  # type: ignore[arg-type]
         line["counting"] = "ark-api"
         line["exact_ratio"] = round(rng.uniform(0.67, 0.75 if wave else 1.05), 2)
 

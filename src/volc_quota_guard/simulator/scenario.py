@@ -129,8 +129,8 @@ class TrafficLine(_Strict):
     thinking: bool = True  # False: the request switches deep thinking off
     # exact: the guard's count is an exact one (a DeepSeek deployment's tokenizer), reserved in
     # the gate's exact class; `estimate_ratio` is its drift. ark-api: a Doubao deployment's, the
-    # cheap count (`estimate_ratio`) and, where that is refused at a wall, Ark's tokenization
-    # API's exact count (`exact_ratio`: its drift) reserved in the exact class instead.
+    # cheap count (`estimate_ratio`) and, for a big prompt or one refused at a wall, Ark's
+    # tokenization API's exact count (`exact_ratio`: its drift) reserved in the exact class.
     counting: Literal["cheap", "exact", "ark-api"] = "cheap"
     exact_ratio: Annotated[float, Field(strict=True, gt=0, le=100)] = 1.0
 

@@ -52,8 +52,6 @@ BURST_SYNC_TOKENS = 100_000  # a sync right after this much usage since the last
 LOW_REMAINING = 300_000  # below this much left, sync every LOW_INTERVAL
 LOW_INTERVAL_MS = 5 * MINUTE_MS
 
-_WALLS = ("balance_wall", "collection_wall")
-
 STRATEGIES = ("guard", "v2", "v4", "v5", "v6")
 
 
@@ -278,7 +276,7 @@ class GuardStrategy:
             need, exact = self._need(replace(req, estimate=req.line.exact_estimate())), True
         d = self.gate.reserve(POOL, req.rid, need.wanted, need.least, ttl_ms=ttl_ms,
                               input_tokens=need.input_tokens, exact=exact)
-        if req.line.counting == "ark-api" and not exact and not d.admitted and d.reason in _WALLS:
+        if req.line.counting == "ark-api" and not exact and d.refused_at_wall:
             # The hook's Doubao path (docs/counting.md): a big prompt, or one whose cheap count
             # does not fit, is counted by Ark's tokenization API and reserved in the exact class
             # (a refusal wrote nothing, so it is asked again).
