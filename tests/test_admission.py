@@ -232,8 +232,9 @@ def test_a_jpeg_fill_byte_cannot_hide_its_real_size() -> None:
 
 
 def test_red_team_shapes_are_sized_or_refused() -> None:
-    """n on /v1/messages multiplies; extra_body.model, best_of, caching, built-in tools, item
-    references and a non-string part type are 400s naming the field; a bare video item is refused."""
+    """n on /v1/messages multiplies; extra_body.model, extra_body.stream, additional_drop_params,
+    best_of, caching, built-in tools, item references and a non-string part type are 400s naming
+    the field; a bare video item is refused."""
     m = size({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1_000, "n": 4,
               "thinking": {"type": "disabled"}}, MESSAGES, LIMITS)
     assert m.output == 4_000
@@ -243,6 +244,8 @@ def test_red_team_shapes_are_sized_or_refused() -> None:
     assert err.value.param == "n"
     cases = {
         "extra_body.model": ({"input": "x", "extra_body": {"model": "other-260101"}}, RESPONSES),
+        "extra_body.stream": (chat(extra_body={"stream": True}), CHAT),
+        "additional_drop_params": (chat(additional_drop_params=["extra_body.max_completion_tokens"]), CHAT),
         "best_of": (chat(best_of=20), CHAT),
         "caching": ({"input": "x", "caching": {"type": "enabled"}}, RESPONSES),
         "tools[0]": ({"input": "x", "tools": [{"type": "web_search"}]}, RESPONSES),

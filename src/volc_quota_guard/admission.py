@@ -117,6 +117,9 @@ def upstream_view(params: Mapping[str, Any]) -> dict[str, Any]:
         if "model" in extra:  # the Responses path lets it pick the model Ark bills
             raise InvalidRequest("extra_body.model", "extra_body.model may not override the "
                                                      "deployment's model for guarded deployments")
+        if "stream" in extra:  # Ark would stream to a call LiteLLM reads as one answer: a 5xx, retried
+            raise InvalidRequest("extra_body.stream", "extra_body.stream may not be set for guarded "
+                                                      "deployments; send stream at the top level")
         view.update(extra)
     return view
 
@@ -300,6 +303,10 @@ def validate(params: Mapping[str, Any], route: Route) -> None:
 
 
 def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> None:
+    if params.get("additional_drop_params"):  # LiteLLM drops them after the hook: the pinned cap too
+        raise InvalidRequest("additional_drop_params", "additional_drop_params may remove the output "
+                                                       "cap the guard pins; it is refused for guarded "
+                                                       "deployments")
     for name in _UNBOUNDED_CONTEXT:
         if view.get(name) is not None:
             raise InvalidRequest(name, f"{name}: server-side context the guard cannot size; "
