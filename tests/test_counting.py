@@ -9,6 +9,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -198,15 +199,82 @@ def test_media_parts_are_charged_and_text_parts_counted() -> None:
         assert with_image == text_only + counting.IMAGE_PART_TOKENS, method
 
 
-def test_cl100k_and_ark_api_count_as_litellm_does() -> None:
-    """cl100k (and ark-api's cheap count) is LiteLLM's token_counter, as estimate.py uses it."""
+def test_cl100k_and_ark_api_count_ordinary_text_as_litellm_does() -> None:
+    """On ordinary text the cheap count (cl100k, and ark-api's fallback) is LiteLLM's
+    token_counter: the same messages accounting, and no prose token weighed up (code: a few)."""
     import litellm
 
-    msgs = [_user("你好，世界！")]
+    msgs = [_user("你好，世界！"), {"role": "assistant", "content": "The quota resets daily.", "name": "a"}]
     expected = litellm.token_counter(model="volcengine/unknown", messages=msgs)
     assert count_chat("cl100k", msgs, None) == count_chat("ark-api", msgs, None) == expected
-    assert count_text("cl100k", "你好，世界！") == litellm.token_counter(model="volcengine/unknown",
-                                                                      text="你好，世界！")
+    prose = ("火山方舟的免费额度按天返还，每个模型每天最多采集两百万 tokens。The guard reserves input "
+             "plus output before each request, and settles real usage after it. ") * 50
+    assert count_text("cl100k", prose) == litellm.token_counter(model="volcengine/unknown", text=prose)
+    code = Path(counting.__file__).read_text()  # its '---' and '...' tokens are weighed up: +0.7%
+    assert 1 < count_text("cl100k", code) / litellm.token_counter(model="volcengine/unknown",
+                                                                  text=code) < 1.02
+
+
+def test_message_fields_litellm_skips_still_count() -> None:
+    """A field that is not a string (LiteLLM's counter skips it) reaches Ark all the same."""
+    import litellm
+
+    msg = {"role": "user", "content": "hi", "metadata": {"note": "额度" * 500}}
+    assert litellm.token_counter(model="volcengine/unknown", messages=[msg]) < 20
+    assert count_chat("cl100k", [msg], None) > 500
+
+
+# Texts cl100k merges far more than the DeepSeek-V4 tokenizer (the fake's Doubao): runs of a short
+# unit, and invisible characters. LiteLLM's count x 1.7 fell short of V4's on each.
+RUNS = ["\r\n" * 5000, "%" * 352, "=-" * 167, "\u200b" * 2000, "\t\n" * 1000, "\u200e" * 500,
+        "<" * 2000, "," * 2000, "\n" * 2000, "\t" * 2000, "\x85\x92" * 500]
+
+
+@pytest.mark.parametrize("text", RUNS, ids=lambda t: f"{t[:4]!r}x{len(t)}")
+def test_runs_and_invisible_characters_count_at_least_another_tokenizers_tokens(text: str) -> None:
+    """Each cl100k token that is a repeated unit counts a token per character, and one holding an
+    invisible character a token per byte: at least what DeepSeek-V4 counts (CRLF x5,000 was
+    1,250 cl100k tokens against 10,000, and billed 10,422 on a 2,404-token reservation)."""
+    import litellm
+
+    if text != "\x85\x92" * 500:  # the C1 pair: cl100k already counts its bytes, V4 as many
+        old = litellm.token_counter(model="volcengine/unknown", text=text)
+        assert old * 1.7 < counting.deepseek_tokens(text)
+    assert count_text("cl100k", text) >= counting.deepseek_tokens(text)
+    assert count_chat("ark-api", [_user(text)], None) >= counting.deepseek_tokens(text)
+
+
+def test_plain_space_runs_keep_cl100k_weight() -> None:
+    """Indentation is merged by every code tokenizer: spaces are not weighed up (code would be)."""
+    assert count_text("cl100k", " " * 2000) == 16
+
+
+_CHARS = st.characters(codec="utf-8", exclude_categories=("Cs",))
+_ODD = st.sampled_from(list(" \t\n\r\u00a0\u3000\u200b\u200c\u200d\u200e\ufeff\x00\x1b\x7f\x85\u2028"
+                            "%=-<>,~.*#_|/\\!?;:'\"`^&+"))
+_UNIT = st.text(st.one_of(_CHARS, _ODD), min_size=1, max_size=4)
+_WORDS = st.sampled_from(["the", " quick", "火山", "方舟", " BMW", "def", "(x)", " {", "}\n", "    ",
+                          "\n\n", "额度", "😀", "123456"])
+DEGENERATE = st.one_of(
+    st.builds(lambda u, n: u * n, _UNIT, st.integers(2, 1500)),
+    st.text(_ODD, max_size=3000),
+    st.lists(st.one_of(_UNIT, _WORDS, st.builds(lambda u, n: u * n, _UNIT, st.integers(2, 200))),
+             max_size=200).map("".join))
+
+
+@settings(max_examples=int(os.environ.get("VQG_COUNT_FUZZ_EXAMPLES", "400")), deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(DEGENERATE)
+def test_no_text_bills_beyond_what_the_cheap_class_ceiling_holds(text: str) -> None:
+    """Near a wall the gate holds a cheap count's in-flight prompt to VQG_ESTIMATE_CORRECTION_MAX
+    (3.0) x its count. Whatever the text (runs, invisible characters, odd mixes), the fake's Doubao
+    bill of it (V4 + 4%, and + its template as a message) stays within 2.5 x the cheap count (the
+    worst found is 2.09, two-character units such as '&w' x163), + 3 for rounding on tiny texts."""
+    from volc_quota_guard.fake.ark_api import count_prompt_tokens, count_text_tokens
+
+    assert count_text_tokens(text, DOUBAO) <= 2.5 * count_text("ark-api", text) + 3
+    msgs = [_user(text)]
+    assert count_prompt_tokens(msgs, None, DOUBAO) <= 2.5 * count_chat("ark-api", msgs, None)
 
 
 def test_a_malformed_message_raises_for_the_caller_to_count_bytes() -> None:

@@ -30,7 +30,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import tiktoken  # noqa: E402
 
-from volc_quota_guard import estimate  # noqa: E402
+from volc_quota_guard import counting, estimate  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot  # noqa: E402
 from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
@@ -92,7 +92,7 @@ async def measure(url: str | None, reps: int) -> list[dict[str, Any]]:
                                               + 3_600_000, 0))
     gate = AsyncGate(connect_async(url), keyspace)
     guard = QuotaGuard(load_settings(), gate)
-    estimate.warm_up()
+    counting.warm_up()
     idle = Ticker()  # the ticker's own jitter, with nothing else running
     await idle.around(lambda: asyncio.sleep(0.2))
     rows: list[dict[str, Any]] = [{"size": 0, "idle": idle.worst}]

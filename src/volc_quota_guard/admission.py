@@ -432,7 +432,7 @@ def _count_chat(limits: Limits, messages: list[dict[str, Any]], tools: list[Any]
         return counting.count_chat(method, list[Mapping[str, Any]](messages), tools, cached=True) + \
             sum(_byte_bound(rest) for rest in map(_unrendered, messages) if rest) + \
             EXACT_DRIFT_TOKENS * len(messages)
-    return estimate.count_chat(messages, tools)  # cl100k; "ark-api" without Ark's counts
+    return counting.cl100k_chat(messages, tools)  # "ark-api" without Ark's counts too
 
 
 def _unrendered(msg: Mapping[str, Any]) -> dict[str, Any]:
@@ -453,7 +453,9 @@ def _unrendered(msg: Mapping[str, Any]) -> dict[str, Any]:
 def _count_text(limits: Limits, text: str) -> int:
     if limits.exact is not None:
         return limits.exact(text)
-    return counting.deepseek_tokens_cached(text) if limits.method == "deepseek" else estimate.count_text(text)
+    if limits.method == "deepseek":
+        return counting.deepseek_tokens_cached(text)
+    return counting.cl100k_tokens(text)
 
 
 def _byte_bound(obj: object) -> int:

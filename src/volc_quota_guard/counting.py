@@ -32,21 +32,21 @@ import json
 import os
 import re
 import threading
+import unicodedata
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
-import litellm  # noqa: E402  (after the env default above)
+from litellm.litellm_core_utils.default_encoding import encoding as _cl100k  # noqa: E402  (offline)
 
 from .errors import ConfigError  # noqa: E402
 
 Method = Literal["cl100k", "deepseek", "ark-api"]
 METHODS: tuple[Method, ...] = get_args(Method)
 TOKENIZER_FIELD = "vqg_tokenizer"
-CL100K_MODEL = "volcengine/unknown"  # no Ark tokenizer in LiteLLM: resolves to cl100k
 
 # An exact count (the DeepSeek tokenizer offline, Ark's tokenization API for Doubao) is reserved
 # in the gate's exact class (gate.md, "Exact counts"), whose least factor is EXACT_FLOOR_PPM.
@@ -130,7 +130,7 @@ def warm_up() -> None:
     """Load both tokenizers now, so the first request does not pay for them (~0.2 s each)."""
     _deepseek_tokenizer().encode("warm up 预热", add_special_tokens=False)
     _deepseek_splitters()
-    litellm.token_counter(model=CL100K_MODEL, text="warm up 预热")
+    cl100k_tokens("warm up 预热")  # and its weight table (~0.1 s)
 
 
 def deepseek_tokens(text: str) -> int:
@@ -241,11 +241,86 @@ def _piece_tokens(piece: str) -> int:
     return count
 
 
+# The cheap count is cl100k's, with each cl100k token that another tokenizer may well split
+# weighed as what it could become (`_token_weight`). cl100k merges things other vocabularies do
+# not: a run of one short unit (`\r\n` x5,000 is 1,263 cl100k tokens and 10,000 DeepSeek-V4
+# ones; `%` x352 is 6 and 22; `=-` x167 is 23 and 84) and invisible characters (a zero-width or
+# C1 control character is one cl100k token and one per UTF-8 byte elsewhere). No k on a count
+# bounds those, so such a token counts a token per character (per byte if invisible). Plain
+# space runs keep weight 1: every code tokenizer merges indentation (' ' x62: cl100k 1, V4 2).
+# The text is encoded in CL100K_CHUNK_CHARS pieces (tiktoken's merge loop is quadratic in a long
+# run; a cut adds at most a token) and in full: LiteLLM's counter samples texts above 4M
+# characters (TOKEN_COUNTER_MAX_EXACT_CHARS), which would miss what lies between its samples.
+CL100K_CHUNK_CHARS = 1_024  # as LiteLLM's own counter cuts
+_WEIGHT_MIN_CHARS = 3  # shorter periodic tokens ('ll', '\n\n') are as common as words
+_weights: list[int] | None = None  # cl100k id -> tokens it may be elsewhere, minus one
+
+
+def _token_weight(piece: bytes) -> int:
+    """What one cl100k token may count under another tokenizer (see above)."""
+    text = piece.decode("utf-8", errors="ignore")  # a token may hold part of a character
+    if any(ch not in "\t\n\r" and unicodedata.category(ch) in _INVISIBLE for ch in text):
+        return len(piece)
+    if len(text) >= _WEIGHT_MIN_CHARS and text.strip(" ") and any(
+            text[u:] == text[:-u] for u in range(1, min(4, len(text) // 2) + 1)):
+        return len(text)  # one unit of <= 4 characters, repeated
+    return 1
+
+
+_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _cl100k_weights() -> list[int]:
+    global _weights
+    if _weights is None:
+        enc = _cl100k
+        table = [0] * enc.n_vocab
+        for i in range(enc.n_vocab):
+            try:
+                table[i] = _token_weight(enc.decode_single_token_bytes(i)) - 1
+            except KeyError:  # an unused id
+                pass
+        _weights = table
+    return _weights
+
+
+def cl100k_tokens(text: str) -> int:
+    """The guard's cheap count of `text`: cl100k tokens, each weighed as it may count elsewhere."""
+    if not text:
+        return 0
+    enc, weights = _cl100k, _cl100k_weights()
+    total = 0
+    for start in range(0, len(text), CL100K_CHUNK_CHARS):
+        ids = enc.encode_ordinary(text[start:start + CL100K_CHUNK_CHARS])
+        total += len(ids) + sum(map(weights.__getitem__, ids))
+    return total
+
+
+def cl100k_chat(messages: Sequence[Mapping[str, Any]], tools: list[Any] | None) -> int:
+    """The cheap count of text-only chat messages and tools: OpenAI's accounting (3 per message,
+    1 per name, 3 to prime the reply, 9 for tools) with every field counted, not only strings:
+    a field LiteLLM's counter skips still reaches Ark."""
+    total = 3
+    for msg in messages:
+        if not isinstance(msg, Mapping):
+            raise TypeError("message is not an object")
+        total += 3
+        for key, value in msg.items():
+            if value is None:
+                continue
+            total += cl100k_tokens(value if isinstance(value, str) else
+                                   json.dumps(value, ensure_ascii=False, default=str))
+            total += key == "name"
+    if tools:
+        total += cl100k_tokens(json.dumps(tools, ensure_ascii=False, default=str)) + 9
+    return total
+
+
 def count_text(method: Method, text: str) -> int:
     """Tokens of plain `text` by `method` ("ark-api" gives the cheap cl100k count)."""
     if method == "deepseek":
         return deepseek_tokens(text)
-    return litellm.token_counter(model=CL100K_MODEL, text=text) if text else 0
+    return cl100k_tokens(text)
 
 
 def count_chat(method: Method, messages: list[Mapping[str, Any]], tools: list[Any] | None, *,
@@ -297,8 +372,7 @@ def _cl100k_chat(messages: list[Mapping[str, Any]], tools: list[Any] | None) -> 
         clean = {k: v for k, v in msg.items() if k != "content"}
         clean["content"] = text
         plain.append(clean)
-    return litellm.token_counter(model=CL100K_MODEL, messages=plain, tools=tools or None,
-                                 use_default_image_token_count=True) + media
+    return cl100k_chat(plain, tools) + media
 
 
 def _dsml_tool_calls(tool_calls: object) -> str:

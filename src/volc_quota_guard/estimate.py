@@ -19,12 +19,6 @@ from .errors import InvalidRequest  # noqa: E402
 
 MAX_OUTPUT_TOKENS = 10_000_000  # above any Ark model's output; larger is a client error
 THREAD_ABOVE_CHARS = 20_000  # tokenize bigger prompts off the event loop
-TOKENIZER_MODEL = "volcengine/unknown"  # no Ark tokenizer in LiteLLM: resolves to cl100k
-
-
-def warm_up() -> None:
-    """Load the tokenizer now, so the first request does not pay for it (~200 ms)."""
-    litellm.token_counter(model=TOKENIZER_MODEL, text="warm up 预热")
 
 
 def validate_messages(params: Mapping[str, Any]) -> None:
@@ -57,15 +51,6 @@ def model_max_output(model_info: Mapping[str, Any] | None, upstream_model: str) 
     except Exception:  # noqa: BLE001  unmapped models raise a bare Exception
         return None
     return found if isinstance(found, int) and found > 0 else None
-
-
-def count_chat(messages: list[dict[str, Any]], tools: list[Any] | None) -> int:
-    """Tokens of text-only chat messages (and tools), as LiteLLM formats and counts them."""
-    return int(litellm.token_counter(model=TOKENIZER_MODEL, messages=messages, tools=tools or None))
-
-
-def count_text(text: str) -> int:
-    return int(litellm.token_counter(model=TOKENIZER_MODEL, text=text)) if text else 0
 
 
 def _is_big(value: object, budget: int = THREAD_ABOVE_CHARS) -> int:

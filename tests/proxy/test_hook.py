@@ -8,6 +8,7 @@ import re
 import time
 import types
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm: no network
@@ -15,9 +16,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm:
 import litellm  # noqa: E402
 import pytest  # noqa: E402
 import redis  # noqa: E402
+import yaml  # noqa: E402
 
 from volc_quota_guard.admission import EXACT_DRIFT_TOKENS, ROUTES, pin_output  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
+from volc_quota_guard.errors import ConfigError  # noqa: E402
 from volc_quota_guard.gate import AsyncGate, Decision, Gate, Snapshot  # noqa: E402
 from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
 from volc_quota_guard.gate.store import connect_async  # noqa: E402
@@ -32,6 +35,7 @@ from volc_quota_guard.proxy.deployments import (  # noqa: E402
     GuardConfigError,
     guard_for,
     guard_for_deployment,
+    pools_from_litellm_config,
 )
 from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 from volc_quota_guard.proxy.refusals import QuotaRefused, QuotaStoreDown  # noqa: E402
@@ -72,6 +76,22 @@ def test_a_guarded_deployment_without_a_valid_pool_is_a_config_error() -> None:
     """A bad account name fails closed with an error naming the deployment."""
     with pytest.raises(GuardConfigError, match="d9"):
         guard_for("volcengine/m-1", None, {"id": "d9", "vqg_account": "has space"})
+
+
+def test_a_guarded_deployment_may_not_drop_params_after_the_hook(tmp_path: Path) -> None:
+    """An operator's `additional_drop_params` would strip the pinned cap after the hook: a config
+    error naming the deployment and the field, at startup (the model list is read) and per call;
+    an unguarded deployment may keep it."""
+    bad = {"litellm_params": {"model": "volcengine/m-1", "additional_drop_params": ["max_completion_tokens"]},
+           "model_info": {"id": "d-drop"}}
+    with pytest.raises(GuardConfigError, match="d-drop.*additional_drop_params"):
+        guard_for_deployment(bad)
+    config = tmp_path / "litellm.yaml"
+    config.write_text(yaml.safe_dump({"model_list": [{"model_name": "m", **bad}]}))
+    with pytest.raises(ConfigError, match="additional_drop_params"):
+        pools_from_litellm_config(config)
+    assert guard_for_deployment({"litellm_params": {"model": "openai/gpt-4o",
+                                                    "additional_drop_params": ["user"]}}) is None
 
 
 def test_output_cap_is_pinned_where_it_bounds_reasoning() -> None:

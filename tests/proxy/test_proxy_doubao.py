@@ -10,6 +10,7 @@ held to 1.5) does.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import openai
 import pytest
 from proxy_support import Proxy, ark_deployment, call_id, start_syncing_proxy, stop_proxy
 
-from volc_quota_guard import counting, estimate
+from volc_quota_guard import counting
 from volc_quota_guard.fake import FakeVolcengine
 from volc_quota_guard.fake.ark_api import doubao_control
 from volc_quota_guard.fake.tokenize_api import tokenize_control
@@ -34,6 +35,7 @@ POOLS = {  # model name -> (pool, free tokens: the wall's headroom + SMALL_BUFFE
     "db-cache": ("acct-c/doubao-cache-260101", BUFFER + 3_000),
     "db-learn": ("acct-c/doubao-learn-260101", BUFFER + 700),  # exact needs 460, cheap 906
     "db-big": ("acct-c/doubao-big-260101", BUFFER + 500_000),  # far from the wall
+    "db-runs": ("acct-c/doubao-runs-260101", BUFFER + 60_000),  # CRLF runs: chat + embeddings
 }
 NO_THINKING = {"thinking": {"type": "disabled"}}
 
@@ -56,6 +58,7 @@ def short_turns(directive: str = "") -> list[dict[str, Any]]:
 def doubao(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
            prefix: str) -> Iterator[Proxy]:
     deployments = [ark_deployment(name, pool) for name, (pool, _) in POOLS.items()]
+    deployments.append(ark_deployment("db-runs-embed", POOLS["db-runs"][0], mode="embedding"))
     p = start_syncing_proxy(tmp_path_factory.mktemp("doubao"), fake, store_url, prefix,
                             dict(POOLS.values()), deployments,
                             VQG_SMALL_BUFFER=str(BUFFER), VQG_EVICT_BELOW="100")
@@ -114,7 +117,7 @@ def test_a_request_the_cheap_count_refuses_is_admitted_at_its_exact_count_and_bi
     record = doubao.fake.chat_requests()[-1]
     assert record.pool == pool
     assert exact - 8 * len(messages) < record.prompt_tokens <= held["inflight_xest_res"]
-    assert estimate.count_chat(messages, None) * 17 // 10 > held["inflight_xest_res"] * 2  # the gain
+    assert counting.cl100k_chat(messages, None) * 17 // 10 > held["inflight_xest_res"] * 2  # the gain
     settled(doubao, model)
     assert doubao.fake.pool_totals(pool).billed == 0
     doubao.wait_for_log(rf"\[EXACT\] doubao-{model[3:]}-260101: input \d+ \(cheap\) -> {exact} ")
@@ -126,7 +129,7 @@ def test_a_big_prompt_is_counted_exactly_far_from_the_wall(doubao: Proxy) -> Non
     cheap count's 3.0 miscount hold would crowd out others. A smaller one stays cheap."""
     control = tokenize_control(doubao.fake)
     big = [{"role": "user", "content": ZH * 80 + " [[fake delay=1.0]]"}]
-    assert estimate.count_chat(big, None) >= 2_000
+    assert counting.cl100k_chat(big, None) >= 2_000
     calls = control.calls
     held = held_while_running(doubao, "db-big", big)
     assert control.calls == calls + 1
@@ -135,7 +138,7 @@ def test_a_big_prompt_is_counted_exactly_far_from_the_wall(doubao: Proxy) -> Non
     small = short_turns(directive=" [[fake delay=1.0]]")
     held = held_while_running(doubao, "db-big", small)
     assert control.calls == calls + 1  # not asked: the cheap count fits and is small
-    assert held["inflight_est"] == estimate.count_chat(small, None) and held["inflight_xest"] == 0
+    assert held["inflight_est"] == counting.cl100k_chat(small, None) and held["inflight_xest"] == 0
     settled(doubao, "db-big")
     assert doubao.fake.pool_totals(POOLS["db-big"][0]).billed == 0
 
@@ -219,3 +222,29 @@ def test_after_a_tokenization_failure_big_prompts_stop_asking_first(doubao: Prox
     finally:
         control.mode = "ok"
     assert doubao.fake.pool_totals(POOLS["db-big"][0]).billed == 0
+
+
+@pytest.mark.parametrize("route", ["chat", "embeddings"])
+def test_a_run_cl100k_merges_is_weighed_counted_by_ark_and_covered(doubao: Proxy, route: str) -> None:
+    """CRLF x5,000 is 1,250 cl100k tokens and 10,000 Doubao ones (the fake's hidden tokenizer):
+    weighed token by token the cheap count is 10,000, over VQG_EXACT_COUNT_MIN_TOKENS, so Ark's
+    tokenization API is asked and the reservation covers what Ark bills. Before, the guard
+    reserved 2,404 for a chat that consumed 10,422 (and 2,975 for embeddings that consumed 14,560)."""
+    pool, _ = POOLS["db-runs"]
+    control = tokenize_control(doubao.fake)
+    calls, before, cid = control.calls, len(doubao.fake.chat_requests()), call_id()
+    text = "\r\n" * 5_000 + f" {route}"
+    if route == "chat":
+        doubao.client().chat.completions.create(
+            model="db-runs", max_tokens=200, messages=[{"role": "user", "content": text}],
+            extra_body=NO_THINKING, extra_headers={"x-litellm-call-id": cid})
+    else:
+        doubao.client().embeddings.create(model="db-runs-embed", input=[text, text],
+                                          extra_headers={"x-litellm-call-id": cid})
+    assert control.calls == calls + 1  # asked: the weighed cheap count is a big prompt
+    [record] = doubao.fake.chat_requests()[before:]
+    assert record.consumed > 10_000 * (2 if route == "embeddings" else 1)
+    [line] = doubao.wait_for_log(rf"\[Usage\].*call={cid}\b")
+    assert int(re.search(r"reserved=(\d+)", line).group(1)) >= record.consumed  # type: ignore[union-attr]
+    settled(doubao, "db-runs")
+    assert doubao.fake.pool_totals(pool).billed == 0

@@ -28,7 +28,7 @@ from proxy_support import (
     stop_proxy,
 )
 
-from volc_quota_guard import estimate
+from volc_quota_guard import counting
 from volc_quota_guard.clock import next_beijing_midnight_ms
 from volc_quota_guard.fake import FakeVolcengine
 
@@ -353,7 +353,7 @@ def test_missing_upstream_usage_keeps_the_reservation(proxy: Proxy, stream: bool
     assert re.search(r"source=(unavailable|estimated)", line), line
     reserved = int(re.search(r"reserved=(\d+)", line).group(1))
     # Kept whole, its prompt at the miscount ceiling (3.0 x its count, not the k it was held at).
-    prompt = estimate.count_chat([{"role": "user", "content": text}], None)
+    prompt = counting.cl100k_chat([{"role": "user", "content": text}], None)
     assert reserved > 500 and reserved < counted(line) <= reserved + 3 * prompt
     assert proxy.state(POOL_SOLO).get("ucum") - before == counted(line)
 
@@ -374,7 +374,7 @@ def test_stream_cut_mid_way_keeps_the_reservation(proxy: Proxy) -> None:
     line = usage_line(proxy, cid)
     assert "source=unavailable" in line or "source=estimated" in line, line
     reserved = int(re.search(r"reserved=(\d+)", line).group(1))
-    prompt = estimate.count_chat([{"role": "user", "content": "hi [[fake completion=500 cut=2]]"}], None)
+    prompt = counting.cl100k_chat([{"role": "user", "content": "hi [[fake completion=500 cut=2]]"}], None)
     assert reserved > 600 and reserved < counted(line) <= reserved + 3 * prompt
     assert proxy.state(POOL_SOLO).get("ucum") - before == counted(line)
 

@@ -4,8 +4,9 @@ Hypothesis draws bodies a client could send — `extra_body` overrides, `n`, thi
 every cap field (good and bad), streams, images and video parts, Responses chains, embeddings,
 comma fan-outs — one at a time. For each, Ark's ledger must show at most what the guard reserved
 for that call (the `reserved=` of its Usage line; nothing at all when the guard refused), and no
-answer may be a 5xx. Two pools take the traffic: a large one, and a small one that reaches its
-wall, where the fake's `billed` must stay 0. `VQG_SHAPE_FUZZ_EXAMPLES` sets the number of
+answer may be a 5xx. Four pools take the traffic: a large one, and three small ones that reach
+their walls (a model of unknown tokenizer, a Doubao one, a DeepSeek one), where the fake's
+`billed` must stay 0. `VQG_SHAPE_FUZZ_EXAMPLES` sets the number of
 bodies (default 300; CI runs the default).
 """
 
@@ -30,14 +31,16 @@ from volc_quota_guard.fake import FakeVolcengine
 
 pytestmark = pytest.mark.proxy
 EXAMPLES = int(os.environ.get("VQG_SHAPE_FUZZ_EXAMPLES", "300"))
-POOLS = {"fz-big": ("acct-c/fz-big-260101", 20_000_000), "fz-small": ("acct-c/fz-small-260101", 150_000)}
+POOLS = {"fz-big": ("acct-c/fz-big-260101", 20_000_000), "fz-small": ("acct-c/fz-small-260101", 150_000),
+         # each family's own counting: Ark's tokenization API (Doubao), the offline V4 (DeepSeek)
+         "fz-doubao": ("acct-c/doubao-fz-260101", 150_000), "fz-ds": ("acct-c/deepseek-fz-260101", 150_000)}
 RESERVED = re.compile(r"reserved=(\d+)")
 
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
            prefix: str) -> Iterator[Proxy]:
-    """A syncing proxy in front of the fake, two pools (one small enough to reach its wall)."""
+    """A syncing proxy in front of the fake, four pools (three small enough to reach their walls)."""
     info = {"max_input_tokens": 131_072}  # sizes unknown response chains
     deployments = [d for name, (pool, _) in POOLS.items() for d in (
         ark_deployment(name, pool, **info),
@@ -56,7 +59,10 @@ def png(width: int, height: int) -> str:
     return "data:image/png;base64," + base64.b64encode(body).decode()
 
 
-texts = st.sampled_from(["hi", "火山方舟免费额度", "word " * 300, "长文本" * 700, "code(x) {} " * 200])
+# Ordinary text, and text cl100k merges far more than other tokenizers do (runs of a short unit,
+# invisible characters): CRLF x3,000 is 750 cl100k tokens and 6,000 of the fake's Doubao.
+texts = st.sampled_from(["hi", "火山方舟免费额度", "word " * 300, "长文本" * 700, "code(x) {} " * 200,
+                         "\r\n" * 3_000, "%" * 1_500, "\u200b" * 1_200, "\t\n" * 1_500])
 directives = st.builds(
     lambda c, r, m: f" [[fake completion={c} reasoning={r}{' usage=missing' if m else ''}]]",
     st.integers(0, 8_000), st.integers(0, 30_000), st.booleans())
@@ -70,7 +76,8 @@ caps = st.one_of(st.none(), st.integers(1, 9_000))
 small_n = st.one_of(st.none(), st.integers(1, 4))
 # One body in ~8 carries one field the guard must refuse (a 400 naming it).
 faults = st.sampled_from([None] * 7 + [("max_tokens", 0), ("max_completion_tokens", "100"),
-                                       ("max_tokens", 10**9), ("n", 40), ("n", 0), ("video", None)])
+                                       ("max_tokens", 10**9), ("n", 40), ("n", 0), ("video", None),
+                                       ("additional_drop_params", ["max_completion_tokens"])])
 
 
 @st.composite

@@ -14,8 +14,10 @@ directive in the last user message (chat), the input text (Responses) or any inp
 
 Chat billing rules:
 
-- **Prompt** = text + media. Text is ``litellm.token_counter`` (cl100k) over every message's
-  text parts, the ``tools`` and ``response_format``'s JSON — except for models named
+- **Prompt** = text + media. Text is the dearer of ``litellm.token_counter`` (cl100k) over
+  every message's text parts, the ``tools`` and ``response_format``'s JSON, and the Doubao count
+  below (an unknown model's tokenizer is unknown: the fake takes the reading that bills more) —
+  except for models named
   ``deepseek*``, counted like Ark counts them and deliberately *more expensive* than the guard's
   exact model: the DeepSeek-V4 tokenizer over the V4 chat template (``counting.count_chat``),
   then a drift the guard is not told about, +3% on the count and +2 tokens per message
@@ -40,8 +42,8 @@ Chat billing rules:
 - ``usage.completion_tokens`` = n × (answer + reasoning);
   ``completion_tokens_details.reasoning_tokens`` = n × reasoning.
 
-Embeddings: prompt = cl100k tokens (``deepseek*``: DeepSeek's + 3%; ``doubao*``: the Doubao
-tokenizer's + 4%) of every input string
+Embeddings: prompt = the dearer of cl100k and the Doubao count (``deepseek*``: DeepSeek's + 3%;
+``doubao*``: the Doubao tokenizer's + 4%) of every input string
 (a token array counts its length), or ``prompt=``; no output. Every request that completes
 consumes (prompt + output − cached when ``count_cached`` is off) from the ledger at
 completion time — before the response
@@ -271,35 +273,38 @@ def count_prompt_tokens(messages: list[Any], tools: list[Any] | None = None,
                         model: str | None = None, state: Any = None) -> int:
     """Ark's count of a prompt: DeepSeek models by the DeepSeek-V4 tokenizer and template plus
     the fake's hidden drift; Doubao models by the hidden Doubao tokenizer plus its template and
-    drift (`state`'s `doubao_control`, else the defaults); any other model as a client-side
-    tokenizer would (cl100k via LiteLLM, offline)."""
+    drift (`state`'s `doubao_control`, else the defaults); any other model, whose tokenizer is
+    unknown, by the dearer of that Doubao count and cl100k's (via LiteLLM, offline)."""
     try:
         if is_deepseek(model):
             from .. import counting
 
             return _drift(counting.count_chat("deepseek", messages, tools), len(messages))
+        control = doubao_control(state) if state is not None else DoubaoControl()
+        doubao = doubao_prompt_tokens(messages, tools, control)
         if is_doubao(model):
-            control = doubao_control(state) if state is not None else DoubaoControl()
-            return doubao_prompt_tokens(messages, tools, control)
-        return int(_litellm().token_counter(model="gpt-3.5-turbo", messages=messages,
-                                            tools=tools or None))
+            return doubao
+        return max(doubao, int(_litellm().token_counter(model="gpt-3.5-turbo", messages=messages,
+                                                        tools=tools or None)))
     except Exception as exc:  # a message LiteLLM cannot read: Ark would not either
         raise ValueError(f"unreadable messages or tools: {exc}") from None
 
 
 def count_text_tokens(text: str, model: str | None = None, state: Any = None) -> int:
     """Ark's count of plain text (DeepSeek models: the DeepSeek-V4 tokenizer + the drift;
-    Doubao models: the hidden Doubao tokenizer + its drift)."""
+    Doubao models: the hidden Doubao tokenizer + its drift; others: the dearer of that and
+    cl100k's)."""
     if not text:
         return 0
     if is_deepseek(model):
         from .. import counting
 
         return _drift(counting.deepseek_tokens(text))
+    control = doubao_control(state) if state is not None else DoubaoControl()
+    doubao = -(-doubao_tokens(text) * control.drift_ppm // 1_000_000)
     if is_doubao(model):
-        control = doubao_control(state) if state is not None else DoubaoControl()
-        return -(-doubao_tokens(text) * control.drift_ppm // 1_000_000)
-    return int(_litellm().token_counter(model="gpt-3.5-turbo", text=text))
+        return doubao
+    return max(doubao, int(_litellm().token_counter(model="gpt-3.5-turbo", text=text)))
 
 
 def split_content(content: Any, media_per_part: int) -> tuple[Any, int]:

@@ -82,10 +82,19 @@ def guard_for(model: object, provider: object,
 
 
 def guard_for_deployment(deployment: Mapping[str, Any]) -> GuardedDeployment | None:
-    """`guard_for` on a router deployment dict (`litellm_params` + `model_info`)."""
+    """`guard_for` on a router deployment dict (`litellm_params` + `model_info`).
+
+    Raises GuardConfigError when a guarded deployment sets `additional_drop_params`: LiteLLM
+    applies it after the guard's hook, so it can strip the output cap the reservation covers.
+    """
     params = deployment.get("litellm_params") or {}
-    return guard_for(params.get("model"), params.get("custom_llm_provider"),
-                     deployment.get("model_info") or {})
+    guard = guard_for(params.get("model"), params.get("custom_llm_provider"),
+                      deployment.get("model_info") or {})
+    if guard is not None and params.get("additional_drop_params"):
+        raise GuardConfigError(f"deployment {guard.model_id or params.get('model')!r}: "
+                               "litellm_params.additional_drop_params may remove the output cap the "
+                               "quota guard pins; remove it from guarded deployments")
+    return guard
 
 
 def guarded_deployments(model_list: Iterable[Mapping[str, Any]]

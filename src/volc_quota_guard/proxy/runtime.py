@@ -27,7 +27,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
-from .. import estimate, metrics
+from .. import counting, metrics
 from ..config import Settings, settings
 from ..consume import TAG, ConsumeTask
 from ..errors import QuotaGuardError, StoreUnavailable
@@ -174,7 +174,7 @@ def _ensure_log_handler() -> None:
 def build() -> QuotaGuard:
     """The instance the proxy loads: settings are validated now (a bad env var stops startup)."""
     _ensure_log_handler()
-    estimate.warm_up()
+    counting.warm_up()
     config = settings()
     start_in_proxy(config)
     return QuotaGuard(config, on_new_loop=start_in_proxy)

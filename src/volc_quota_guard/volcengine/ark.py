@@ -15,7 +15,6 @@ import httpx
 from pydantic import SecretStr
 
 from ..errors import ArkCallError
-from ..estimate import count_chat
 from ..outcome import UsageReading, read_usage
 
 _FILLER = ("The river carried autumn leaves past the old mill while farmers counted their grain "
@@ -39,11 +38,10 @@ class ArkTarget:
 
 
 def _count(method: str, messages: list[dict[str, str]]) -> int:
-    if method == "deepseek":
-        from .. import counting
+    from .. import counting  # imports the tokenizers: only where a consume is planned
 
-        return counting.count_chat("deepseek", list[Mapping[str, Any]](messages), None)
-    return count_chat(list[dict[str, Any]](messages), None)
+    return counting.count_chat("deepseek" if method == "deepseek" else "cl100k",
+                               list[Mapping[str, Any]](messages), None)
 
 
 @cache
