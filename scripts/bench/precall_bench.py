@@ -5,8 +5,8 @@ blocks the event loop, next to raw tiktoken (cl100k) on the same text.
 
 Three measures per prompt size (median of `--reps` runs, after one warm-up run):
 - `tiktoken`: `cl100k_base.encode(text)`, the floor any counting pays;
-- `count_input`: the guard's token count (`estimate.count_input`, which moves prompts over
-  20,000 characters to a worker thread);
+- `count_input`: the guard's sizing of the request (`QuotaGuard._size`: the weighed cl100k count,
+  `counting.cl100k_chat`, moved to a worker thread for prompts over 20,000 characters);
 - `pre-call hook`: `QuotaGuard.async_pre_call_deployment_hook` end to end (validate, count,
   one reserve on the store), its reservation released afterwards outside the timing.
 While each async measure runs, a ticker coroutine sleeps 1 ms in a loop and records how late it
@@ -30,7 +30,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import tiktoken  # noqa: E402
 
-from volc_quota_guard import counting, estimate  # noqa: E402
+from volc_quota_guard import admission, counting  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.gate import AsyncGate, Gate, Snapshot  # noqa: E402
 from volc_quota_guard.gate.keys import KeySpace  # noqa: E402
@@ -39,6 +39,8 @@ from volc_quota_guard.gate.store import connect, connect_async  # noqa: E402
 from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 
 POOL = "bench/m-1"
+CHAT = admission.ROUTES["acompletion"]
+LIMITS = admission.limits_for({}, "m-1", default_output=4_096, min_output=1)
 SIZES = (1_000, 32_000, 200_000)
 # Mixed Chinese and English, like the seed's traffic.
 PARAGRAPH = ("火山方舟的免费额度按天返还，每个模型每天最多采集两百万 tokens。"
@@ -108,7 +110,7 @@ async def measure(url: str | None, reps: int) -> list[dict[str, Any]]:
             params = {"messages": [{"role": "user", "content": text}]}
             for n in range(reps + 1):  # run 0 warms up: its time and blocking are left out
                 ticker = Ticker()
-                counted.append(await ticker.around(lambda p=params: estimate.count_input(p)))  # type: ignore[misc]
+                counted.append(await ticker.around(lambda p=params: QuotaGuard._size(p, CHAT, LIMITS, None)))
                 count_block = max(count_block, ticker.worst if n else 0.0)
             hooked, hook_block = [], 0.0
             for n in range(reps + 1):
