@@ -6,7 +6,7 @@ never the client's top-level fields alone. What Ark bills (docs/gate.md):
 
 - input: messages, tools, input items, instructions, prompt, system — tokenized; media at
   Ark's image formula (`media.py`); a stored conversation re-read through
-  ``previous_response_id``; any other field Ark receives is bounded by its UTF-8 byte size;
+  ``previous_response_id``; any other field Ark receives is bounded by its ASCII-escaped JSON length;
 - output: ``n`` × (answer + reasoning). On chat, ``max_tokens`` caps only the answer and
   reasoning is capped only by ``max_completion_tokens`` (which may not be sent with
   ``max_tokens``), so the guard pins ``max_completion_tokens`` — per choice, answer plus a
@@ -36,9 +36,14 @@ MAX_OUTPUT_TOKENS = estimate.MAX_OUTPUT_TOKENS
 DEFAULT_REASONING_TOKENS = 8_192  # reasoning allowance when a deployment does not say
 OUTPUT_PARAMS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 TEMPLATE_TOKENS = 8  # chat-template tokens Ark adds around each message it builds from a field
+EMBED_INPUT_TOKENS = 1  # what Ark may add per embedding input beyond its text
 # An exact tokenizer's count is floored at k = 1.1 for version drift, which on a message of a few
 # tokens is less than one token: each message also gets this many (a template that differs a bit).
 EXACT_DRIFT_TOKENS = 4
+# A content list's text parts are counted one by one (joined, their tokens could merge across the
+# joints: 10,000 "\n" parts are 1,260 V4 tokens as one text), each joint for what Ark may put
+# there (a separator, a part marker): 20,000 empty parts billed 22,127 on a 41-token reservation.
+PART_JOINT_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -403,8 +408,11 @@ def count_input(view: Mapping[str, Any], route: Route, limits: Limits) -> int:
         value = view.get(name)
         if value is not None:
             total += _text_field(name, value, limits)
-            if route.kind != "embedding":  # each piece becomes a templated message upstream
-                total += TEMPLATE_TOKENS * (len(value) if isinstance(value, list) else 1)
+            pieces = len(value) if isinstance(value, list) else 1
+            # each piece becomes a templated message upstream; an embedding input is encoded on
+            # its own (a boundary token, a drift rounded up per input: 20,000 one-token inputs
+            # billed 40,000 on an exact count of 20,000 x 1.1)
+            total += (EMBED_INPUT_TOKENS if route.kind == "embedding" else TEMPLATE_TOKENS) * pieces
     for name, value in view.items():  # anything else Ark receives: its bytes bound its tokens
         if name in route.text_fields or name in _UNBILLED or (name == "tools" and route.kind != "responses"):
             continue
@@ -459,7 +467,10 @@ def _count_text(limits: Limits, text: str) -> int:
 
 
 def _byte_bound(obj: object) -> int:
-    return len(json.dumps(obj, default=str, ensure_ascii=False).encode())
+    """A bound on the tokens of `obj` however it is serialized: its ASCII-escaped JSON (a token is at
+    least a byte; an escape is longer than the UTF-8 bytes it stands for, and Ark or LiteLLM may
+    send either form: `"é" * 6000` in a function_call_output billed 24,995 on 13,311 reserved)."""
+    return len(json.dumps(obj, default=str))
 
 
 def _messages(messages: list[Any], tools: object, limits: Limits) -> int:
@@ -490,7 +501,8 @@ _MEDIA_PARTS = {"video_url", "input_video", "video", "audio_url", "input_audio",
 
 
 def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
-    """(the text for the tokenizer, tokens of media parts) of one message's content."""
+    """(the text for the tokenizer, tokens counted here) of one message's content: a string or
+    one text part is the text; several text parts are counted here (PART_JOINT_TOKENS)."""
     if content is None:
         return "", 0
     if isinstance(content, str):
@@ -514,7 +526,9 @@ def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
                 tokens += media.image_tokens(part)  # type: ignore[arg-type]
             except media.MediaError as exc:
                 raise InvalidRequest(field, f"{field}: {exc}") from None
-            texts.append(_residue(part, ("type", "image_url", "url", "detail", "image_pixel_limit")))
+            residue = _residue(part, ("type", "image_url", "url", "detail", "image_pixel_limit"))
+            if residue:
+                texts.append(residue)
         elif kind in _MEDIA_PARTS:
             if not limits.media_part_tokens:
                 raise InvalidRequest(field, f"{field} is a {kind} part: Ark bills it by content the "
@@ -526,7 +540,9 @@ def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
         else:
             raise InvalidRequest(field, f"{field}: content part type {kind!r:.40} cannot be sized "
                                         "by the guard")
-    return "\n".join(t for t in texts if t), tokens
+    if len(texts) <= 1:
+        return (texts[0] if texts else ""), tokens
+    return "", tokens + sum(_count_text(limits, t) for t in texts) + PART_JOINT_TOKENS * (len(texts) - 1)
 
 
 def _residue(part: Mapping[str, Any], known: tuple[str, ...]) -> str:

@@ -130,7 +130,7 @@ def warm_up() -> None:
     """Load both tokenizers now, so the first request does not pay for them (~0.2 s each)."""
     _deepseek_tokenizer().encode("warm up 预热", add_special_tokens=False)
     _deepseek_splitters()
-    cl100k_tokens("warm up 预热")  # and its weight table (~0.1 s)
+    cl100k_tokens("warm up 预热")  # and its weight table (~1 s)
 
 
 def deepseek_tokens(text: str) -> int:
@@ -243,16 +243,21 @@ def _piece_tokens(piece: str) -> int:
 
 # The cheap count is cl100k's, with each cl100k token that another tokenizer may well split
 # weighed as what it could become (`_token_weight`). cl100k merges things other vocabularies do
-# not: a run of one short unit (`\r\n` x5,000 is 1,263 cl100k tokens and 10,000 DeepSeek-V4
+# not: a run of one short unit (`\r\n` x5,000 is 1,250 cl100k tokens and 10,000 DeepSeek-V4
 # ones; `%` x352 is 6 and 22; `=-` x167 is 23 and 84) and invisible characters (a zero-width or
 # C1 control character is one cl100k token and one per UTF-8 byte elsewhere). No k on a count
 # bounds those, so such a token counts a token per character (per byte if invisible). Plain
 # space runs keep weight 1: every code tokenizer merges indentation (' ' x62: cl100k 1, V4 2).
+# And a token DeepSeek-V4's vocabulary splits into V4_SPLIT_MIN pieces or more counts as those
+# pieces: 4,550 of cl100k's 100k tokens (`ABCDEFGHIJKLMNOPQRSTUVWXYZ` is 1 and 13, and x1,800
+# reserved 3,380 against 24,361 billed). Those V4 splits in two (36k tokens, most of them words)
+# keep weight 1: they cost 7% on code, and a text of them is held by the in-flight ceiling.
 # The text is encoded in CL100K_CHUNK_CHARS pieces (tiktoken's merge loop is quadratic in a long
 # run; a cut adds at most a token) and in full: LiteLLM's counter samples texts above 4M
 # characters (TOKEN_COUNTER_MAX_EXACT_CHARS), which would miss what lies between its samples.
 CL100K_CHUNK_CHARS = 1_024  # as LiteLLM's own counter cuts
 _WEIGHT_MIN_CHARS = 3  # shorter periodic tokens ('ll', '\n\n') are as common as words
+V4_SPLIT_MIN = 3
 _weights: list[int] | None = None  # cl100k id -> tokens it may be elsewhere, minus one
 
 
@@ -274,13 +279,16 @@ def _cl100k_weights() -> list[int]:
     global _weights
     if _weights is None:
         enc = _cl100k
-        table = [0] * enc.n_vocab
+        pieces: list[bytes] = []
         for i in range(enc.n_vocab):
             try:
-                table[i] = _token_weight(enc.decode_single_token_bytes(i)) - 1
+                pieces.append(enc.decode_single_token_bytes(i))
             except KeyError:  # an unused id
-                pass
-        _weights = table
+                pieces.append(b"")
+        texts = [p.decode("utf-8", errors="ignore") for p in pieces]
+        split = (len(e.ids) for e in _deepseek_tokenizer().encode_batch(texts, add_special_tokens=False))
+        _weights = [max(_token_weight(p) if p else 1, v4 if v4 >= V4_SPLIT_MIN else 1) - 1
+                    for p, v4 in zip(pieces, split, strict=True)]
     return _weights
 
 
