@@ -199,20 +199,21 @@ def test_media_parts_are_charged_and_text_parts_counted() -> None:
         assert with_image == text_only + counting.IMAGE_PART_TOKENS, method
 
 
-def test_cl100k_and_ark_api_count_ordinary_text_as_litellm_does() -> None:
-    """On ordinary text the cheap count (cl100k, and ark-api's fallback) is LiteLLM's
-    token_counter: the same messages accounting, and no prose token weighed up (code: a few)."""
+def test_cl100k_and_ark_api_count_ordinary_text_at_least_as_litellm_and_v4_do() -> None:
+    """The cheap count (cl100k, and ark-api's fallback) is LiteLLM's token_counter on prose and
+    plain messages (the same accounting), and a little more on code (its '---', '...' and tokens
+    DeepSeek-V4 splits into 3 or more)."""
     import litellm
 
-    msgs = [_user("你好，世界！"), {"role": "assistant", "content": "The quota resets daily.", "name": "a"}]
+    msgs = [_user("你好，世界！"), {"role": "assistant", "content": "The quota resets daily."}]
     expected = litellm.token_counter(model="volcengine/unknown", messages=msgs)
     assert count_chat("cl100k", msgs, None) == count_chat("ark-api", msgs, None) == expected
     prose = ("火山方舟的免费额度按天返还，每个模型每天最多采集两百万 tokens。The guard reserves input "
              "plus output before each request, and settles real usage after it. ") * 50
     assert count_text("cl100k", prose) == litellm.token_counter(model="volcengine/unknown", text=prose)
-    code = Path(counting.__file__).read_text()  # its '---' and '...' tokens are weighed up: +0.7%
-    assert 1 < count_text("cl100k", code) / litellm.token_counter(model="volcengine/unknown",
-                                                                  text=code) < 1.02
+    code = Path(counting.__file__).read_text()
+    litellms = litellm.token_counter(model="volcengine/unknown", text=code)
+    assert litellms < count_text("cl100k", code) < 1.03 * litellms
 
 
 def test_message_fields_litellm_skips_still_count() -> None:
@@ -249,7 +250,8 @@ def test_runs_and_invisible_characters_count_at_least_another_tokenizers_tokens(
 
 
 def test_plain_space_runs_keep_cl100k_weight() -> None:
-    """Indentation is merged by every code tokenizer: spaces are not weighed up (code would be)."""
+    """Indentation is merged by every code tokenizer: a run of spaces is not weighed as a repeated
+    unit (code would be): 2,000 spaces are cl100k's 16 tokens (V4: 17)."""
     assert count_text("cl100k", " " * 2000) == 16
 
 
@@ -284,8 +286,8 @@ def test_no_text_bills_beyond_what_the_cheap_class_ceiling_holds(text: str) -> N
     """Near a wall the gate holds a cheap count's in-flight prompt to VQG_ESTIMATE_CORRECTION_MAX
     (3.0) x its count. Whatever the text (runs, invisible characters, any cl100k tokens repeated,
     odd mixes), the fake's Doubao bill of it (V4 + 4%, and + its template as a message) stays
-    within 2.5 x the cheap count (the worst found is 2.08: a token V4 splits in two, such as
-    ' PDO' or '&w', repeated), + 3 for rounding on tiny texts."""
+    within 2.5 x the cheap count (the worst found is 2.1: words V4 splits in two, such as ' PDO'
+    or '&w', or cuts differently, such as 'manager', repeated), + 3 for rounding on tiny texts."""
     from volc_quota_guard.fake.ark_api import count_prompt_tokens, count_text_tokens
 
     assert count_text_tokens(text, DOUBAO) <= 2.5 * count_text("ark-api", text) + 3

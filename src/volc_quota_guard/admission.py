@@ -82,6 +82,7 @@ _UNBILLED = frozenset({
 # Server-side context the guard cannot size (it never saw it being built).
 _UNBOUNDED_CONTEXT = ("conversation", "context_id")
 _UNBOUNDED_ITEMS = {"item_reference"}  # input items Ark expands from its own storage
+_ITEM_ROLES = {"user", "assistant", "system", "developer"}
 _internal: frozenset[str] | None = None
 
 
@@ -572,20 +573,25 @@ def _text_field(name: str, value: object, limits: Limits) -> int:
 
 
 def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
-    """A Responses input item: a message (content string or parts) or a tool call / output."""
+    """A Responses input item: a message is its content (string or parts) counted, and its other
+    fields' bytes (a role or type that is not the usual short word among them); any other item
+    (tool call, output, reasoning, a bare content part, an unknown type) is bounded by its whole
+    JSON, which Ark may read as text (a bare image part's data URL: 36 reserved, 57,000 billed),
+    plus its media by Ark's formula."""
     content = item.get("content")
     kind = item.get("type")
     if kind in _UNBOUNDED_ITEMS:
         raise InvalidRequest(where, f"{where}: an {kind} makes Ark expand stored content the guard "
                                     "cannot size; send the content itself")
-    if isinstance(kind, str) and kind in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
-        text, tokens = _parts([item], where, limits)
-        return _count_text(limits, text) + tokens
-    if content is not None or kind in (None, "message"):
+    if kind in (None, "message"):
         text, tokens = _parts(content, f"{where}.content", limits)
-        rest = {k: v for k, v in item.items() if k not in ("content", "type", "role")}
+        rest = {k: v for k, v in item.items()
+                if k not in ("content", "type") and not (k == "role" and v in _ITEM_ROLES)}
         return _count_text(limits, text) + tokens + (_byte_bound(rest) if rest else 0)
-    return _byte_bound(item)
+    media_tokens = 0
+    if isinstance(kind, str) and kind in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
+        media_tokens = _parts([item], where, limits)[1]
+    return _byte_bound(item) + media_tokens
 
 
 def pin_output(kwargs: dict[str, Any], route: Route, per_choice: int) -> None:

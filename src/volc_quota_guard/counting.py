@@ -251,13 +251,15 @@ def _piece_tokens(piece: str) -> int:
 # And a token DeepSeek-V4's vocabulary splits into V4_SPLIT_MIN pieces or more counts as those
 # pieces: 4,550 of cl100k's 100k tokens (`ABCDEFGHIJKLMNOPQRSTUVWXYZ` is 1 and 13, and x1,800
 # reserved 3,380 against 24,361 billed). Those V4 splits in two (36k tokens, most of them words)
-# keep weight 1: they cost 7% on code, and a text of them is held by the in-flight ceiling.
+# keep weight 1: weighing them costs 7% on code and still leaves contrived text that two
+# vocabularies cut differently ('manager' x63: 63 cl100k tokens, 132 V4) at ~2.1x its count. That
+# class (ratio <= the correction's ceiling, 3.0) is what the in-flight ceiling holds at a wall.
+V4_SPLIT_MIN = 3
 # The text is encoded in CL100K_CHUNK_CHARS pieces (tiktoken's merge loop is quadratic in a long
 # run; a cut adds at most a token) and in full: LiteLLM's counter samples texts above 4M
 # characters (TOKEN_COUNTER_MAX_EXACT_CHARS), which would miss what lies between its samples.
 CL100K_CHUNK_CHARS = 1_024  # as LiteLLM's own counter cuts
 _WEIGHT_MIN_CHARS = 3  # shorter periodic tokens ('ll', '\n\n') are as common as words
-V4_SPLIT_MIN = 3
 _weights: list[int] | None = None  # cl100k id -> tokens it may be elsewhere, minus one
 
 
@@ -304,21 +306,25 @@ def cl100k_tokens(text: str) -> int:
     return total
 
 
+def _as_text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    return "" if value is None else json.dumps(value, ensure_ascii=False, default=str)
+
+
 def cl100k_chat(messages: Sequence[Mapping[str, Any]], tools: list[Any] | None) -> int:
     """The cheap count of text-only chat messages and tools: OpenAI's accounting (3 per message,
-    1 per name, 3 to prime the reply, 9 for tools) with every field counted, not only strings:
-    a field LiteLLM's counter skips still reaches Ark."""
+    1 per name, 3 to prime the reply, 9 for tools) with a message's fields beyond role and content
+    counted as their JSON, keys included: a field LiteLLM's counter skips still reaches Ark."""
     total = 3
     for msg in messages:
         if not isinstance(msg, Mapping):
             raise TypeError("message is not an object")
         total += 3
-        for key, value in msg.items():
-            if value is None:
-                continue
-            total += cl100k_tokens(value if isinstance(value, str) else
-                                   json.dumps(value, ensure_ascii=False, default=str))
-            total += key == "name"
+        total += cl100k_tokens(_as_text(msg.get("role"))) + cl100k_tokens(_as_text(msg.get("content")))
+        rest = {k: v for k, v in msg.items() if k not in ("role", "content")}
+        if rest:  # keys and all: a key of 26,000 characters is billed too
+            total += cl100k_tokens(json.dumps(rest, ensure_ascii=False, default=str)) + ("name" in rest)
     if tools:
         total += cl100k_tokens(json.dumps(tools, ensure_ascii=False, default=str)) + 9
     return total
