@@ -2,7 +2,8 @@
 
 Hypothesis draws bodies a client could send — `extra_body` overrides, `n`, thinking switches,
 every cap field (good and bad), streams, images and video parts, Responses chains, embeddings,
-comma fan-outs — one at a time. For each, Ark's ledger must show at most what the guard reserved
+comma fan-outs, text cl100k merges and others split, thousands of empty text parts, a long
+message key, Responses items that are not messages — one at a time. For each, Ark's ledger must show at most what the guard reserved
 for that call (the `reserved=` of its Usage line; nothing at all when the guard refused), and no
 answer may be a 5xx. Four pools take the traffic: a large one, and three small ones that reach
 their walls (a model of unknown tokenizer, a Doubao one, a DeepSeek one), where the fake's
@@ -62,7 +63,8 @@ def png(width: int, height: int) -> str:
 # Ordinary text, and text cl100k merges far more than other tokenizers do (runs of a short unit,
 # invisible characters): CRLF x3,000 is 750 cl100k tokens and 6,000 of the fake's Doubao.
 texts = st.sampled_from(["hi", "火山方舟免费额度", "word " * 300, "长文本" * 700, "code(x) {} " * 200,
-                         "\r\n" * 3_000, "%" * 1_500, "\u200b" * 1_200, "\t\n" * 1_500])
+                         "\r\n" * 3_000, "%" * 1_500, "\u200b" * 1_200, "\t\n" * 1_500,
+                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ" * 600])
 directives = st.builds(
     lambda c, r, m: f" [[fake completion={c} reasoning={r}{' usage=missing' if m else ''}]]",
     st.integers(0, 8_000), st.integers(0, 30_000), st.booleans())
@@ -83,10 +85,14 @@ faults = st.sampled_from([None] * 7 + [("max_tokens", 0), ("max_completion_token
 @st.composite
 def chat_body(draw: st.DrawFn) -> dict[str, Any]:
     parts: list[Any] = [{"type": "text", "text": draw(texts) + draw(directives)}]
+    parts += [{"type": "text", "text": ""}] * draw(st.sampled_from([0, 0, 0, 2_000]))  # joints bill
     fault = draw(faults)
     parts += draw(st.lists(images, max_size=2)) + ([draw(video)] if fault == ("video", None) else [])
     content: Any = parts[0]["text"] if len(parts) == 1 and draw(st.booleans()) else parts
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": content}]}
+    message: dict[str, Any] = {"role": "user", "content": content}
+    if draw(st.integers(0, 7)) == 0:  # a field Ark reads as JSON, its key included
+        message["x" * 2_000] = "y"
+    body: dict[str, Any] = {"messages": [message]}
     for name, strategy in (("max_tokens", caps), ("max_completion_tokens", caps), ("n", small_n),
                            ("thinking", thinking)):
         value = draw(strategy)
@@ -115,6 +121,10 @@ def chat_body(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def responses_body(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {"input": draw(texts) + draw(directives)}
+    odd = draw(st.sampled_from([None] * 6 + [{"type": "input_text", "text": "bare " * 500},
+                                             {"type": "note", "content": "", "detail": "z" * 3_000}]))
+    if odd is not None:  # an input item that is not a message: Ark may read its whole JSON
+        body["input"] = [{"role": "user", "content": body["input"]}, odd]
     if draw(st.booleans()):
         body["instructions"] = draw(texts)
     cap = draw(caps)
