@@ -39,6 +39,8 @@ class Reservation:
     choices: int = 1
     state: RequestState | None = field(default=None, repr=False)
     sent: bool = False  # LiteLLM announced the HTTP request to the upstream
+    route: str = ""  # the route kind it was sized for ("messages": its chat half may ride it)
+    handed_over: bool = False  # a /v1/messages reservation its chat half already rode
 
 
 @dataclass

@@ -371,11 +371,18 @@ class QuotaGuard(CustomLogger):
             route = admission.route_of(call_type)
             live = state.live.get(guard.model_id)
             if live is not None and live.rid in self.reservations:
-                # The hook runs twice on /v1/messages: the translated chat call rides the
-                # reservation, but never with more choices than it was sized for.
-                if admission.choices(admission.upstream_view(kwargs)) > live.choices:
-                    raise InvalidRequest("n", "n changed between the two halves of one call")
-                return stamp(kwargs, route, live)
+                if live.route == "messages" and route.kind == "chat" and not live.handed_over \
+                        and not live.sent:
+                    # The hook runs twice on /v1/messages: the translated chat call rides the
+                    # reservation once, never with more choices than it was sized for.
+                    if admission.choices(admission.upstream_view(kwargs)) > live.choices:
+                        raise InvalidRequest("n", "n changed between the two halves of one call")
+                    live.handed_over = True
+                    return stamp(kwargs, route, live)
+                # A retry of this request on the same deployment: the earlier attempt may have
+                # reached Ark (an error LiteLLM raised after the answer, such as a failed JSON
+                # schema check), and its reservation is about to lose its stash. Settle it now.
+                await self._retire(live, state)
             chain = await self._known_chain(guard, kwargs, route)
             sizing = await self._size(kwargs, route, self._limits(guard), chain)
             sizing.check_fits()
@@ -428,7 +435,7 @@ class QuotaGuard(CustomLogger):
         res = Reservation(rid, guard.pool, guard.model_id, guard.upstream_model, group, call_id,
                           inp, sizing.per_choice, d.amount,
                           per_choice if per_choice < sizing.per_choice else None,
-                          state=state, choices=sizing.choices)
+                          state=state, choices=sizing.choices, route=route.kind)
         self.reservations.remember(res, REGISTRY_TTL_FACTOR * self.config.reservation_ttl_seconds)
         state.live[guard.model_id] = res
         if res.clamped_to is not None:
@@ -649,6 +656,16 @@ class QuotaGuard(CustomLogger):
         except Exception:  # noqa: BLE001
             log.exception("settle after failure failed; the reservation expires as consumed")
 
+    async def _retire(self, res: Reservation, state: RequestState) -> None:
+        """An earlier attempt's reservation a retry replaces: released if it surely never reached
+        the upstream, else kept whole as consumed (its usage will not be seen)."""
+        self.reservations.forget(res, state)
+        if self._sees_sends and not res.sent:
+            await self._release(res, "retried before the request was sent")
+            return
+        d = await self.gate().settle(res.pool, res.rid, None)
+        self._log_usage(res, None, d, "unavailable", 0, outcome="retried")
+
     async def _settle_failure(self, kwargs: Mapping[str, Any], exc: BaseException) -> None:
         model_id = str(model_info_of(kwargs).get("id") or "")
         res = self.reservations.stashed(kwargs, model_id) if model_id else None
@@ -672,7 +689,7 @@ class QuotaGuard(CustomLogger):
             res = self.reservations.stashed(kwargs, model_id) if model_id else None
             if res is None:
                 return
-            self.reservations.forget(res)
+            self.reservations.forget(res, request_state(kwargs))
             d = await self.gate().settle(res.pool, res.rid, None)
             self._saw(res.pool, d)
             if d.reason == "settled":
