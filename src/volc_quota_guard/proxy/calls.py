@@ -262,6 +262,17 @@ class Reservations:
                 return res
         return None
 
+    def all_stashed(self, kwargs: Mapping[str, Any]) -> list[Reservation]:
+        """Every reservation of ours the call's metadata names (any deployment) still unsettled."""
+        found: dict[str, Reservation] = {}
+        for md in metadatas(kwargs):
+            stash = md.get(STASH_KEY)
+            for model_id, rid in (stash.items() if isinstance(stash, Mapping) else ()):
+                res = self._by_rid.get(rid) if isinstance(rid, str) else None
+                if res is not None and res.model_id == model_id:
+                    found[res.rid] = res
+        return list(found.values())
+
     def forget(self, res: Reservation, state: RequestState | None = None) -> None:
         self._by_rid.pop(res.rid, None)
         if state is not None and state.live.get(res.model_id) is res:

@@ -382,7 +382,7 @@ class QuotaGuard(CustomLogger):
                 # A retry of this request on the same deployment: the earlier attempt may have
                 # reached Ark (an error LiteLLM raised after the answer, such as a failed JSON
                 # schema check), and its reservation is about to lose its stash. Settle it now.
-                await self._retire(live, state)
+                await self._retire(live, state, "retried")
             chain = await self._known_chain(guard, kwargs, route)
             sizing = await self._size(kwargs, route, self._limits(guard), chain)
             sizing.check_fits()
@@ -656,15 +656,25 @@ class QuotaGuard(CustomLogger):
         except Exception:  # noqa: BLE001
             log.exception("settle after failure failed; the reservation expires as consumed")
 
-    async def _retire(self, res: Reservation, state: RequestState) -> None:
-        """An earlier attempt's reservation a retry replaces: released if it surely never reached
-        the upstream, else kept whole as consumed (its usage will not be seen)."""
+    async def _retire(self, res: Reservation, state: RequestState, why: str) -> None:
+        """A reservation no settle will reach (a retry replaces it, or the request failed after
+        its call): released if it surely never reached the upstream, else kept whole as consumed."""
         self.reservations.forget(res, state)
         if self._sees_sends and not res.sent:
-            await self._release(res, "retried before the request was sent")
+            await self._release(res, f"{why} before the request was sent")
             return
         d = await self.gate().settle(res.pool, res.rid, None)
-        self._log_usage(res, None, d, "unavailable", 0, outcome="retried")
+        self._log_usage(res, None, d, "unavailable", 0, outcome=why)
+
+    async def async_post_call_failure_hook(self, request_data: dict, original_exception: Exception,
+                                           user_api_key_dict: Any, traceback_str: str | None = None) -> None:
+        """The request failed for good. An attempt LiteLLM failed after its upstream call (a failed
+        JSON schema check) has no per-attempt failure hook: settle it here, not at its expiry."""
+        try:
+            for res in self.reservations.all_stashed(request_data):  # the proxy's copy of the call
+                await self._retire(res, res.state or RequestState(), type(original_exception).__name__)
+        except Exception:  # noqa: BLE001  it then expires as consumed: never a pass
+            log.exception("settle after the failed request failed; the reservation expires as consumed")
 
     async def _settle_failure(self, kwargs: Mapping[str, Any], exc: BaseException) -> None:
         model_id = str(model_info_of(kwargs).get("id") or "")
