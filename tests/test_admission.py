@@ -320,3 +320,25 @@ def test_fields_the_deepseek_template_does_not_render_are_bounded_by_their_bytes
     body = {"model": "volcengine/m", "messages": [{"role": "user", "content": "hi"}, good]}
     assert size(body, CHAT, ds).input_tokens == counting.count_chat("deepseek", body["messages"], None) + \
         2 * admission.EXACT_DRIFT_TOKENS
+
+
+def test_a_responses_item_that_is_not_a_message_is_bounded_by_its_whole_json() -> None:
+    """An unknown type or role, a bare part, an unhashable role: Ark may read the whole item as
+    text, so its JSON bounds it (before, `type: "x" + 26,000 characters` with empty content held 29)."""
+    cl = _limits("m-1")
+    odd_type = {"type": "x" + "A" * 26_000, "content": ""}
+    odd_role = {"type": "message", "role": ["A" * 5_000], "content": "hi"}
+    bare = {"type": "input_text", "text": "é" * 3_000}
+    for item, least in ((odd_type, 26_000), (odd_role, 5_000), (bare, 6 * 3_000)):
+        assert size({"input": [item]}, RESPONSES, cl).input_tokens >= least, item["type"]
+    usual = {"type": "message", "role": "user", "content": "hi"}
+    assert size({"input": [usual]}, RESPONSES, cl).input_tokens < 20
+
+
+def test_several_text_parts_are_counted_one_by_one_with_their_joints() -> None:
+    """Joined, 10,000 "\\n" parts merge into a few hundred tokens; Ark may bill each part and a
+    separator between them. Empty parts count for their joints."""
+    cl = _limits("m-1")
+    for parts, least in (([""] * 20_000, 2 * 19_999), (["\n"] * 10_000, 10_000 + 2 * 9_999)):
+        content = [{"type": "text", "text": t} for t in parts]
+        assert size({"messages": [{"role": "user", "content": content}]}, CHAT, cl).input_tokens >= least

@@ -585,8 +585,9 @@ def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
                                     "cannot size; send the content itself")
     if kind in (None, "message"):
         text, tokens = _parts(content, f"{where}.content", limits)
+        usual_role = isinstance(item.get("role"), str) and item["role"] in _ITEM_ROLES
         rest = {k: v for k, v in item.items()
-                if k not in ("content", "type") and not (k == "role" and v in _ITEM_ROLES)}
+                if k not in ("content", "type") and not (k == "role" and usual_role)}
         return _count_text(limits, text) + tokens + (_byte_bound(rest) if rest else 0)
     media_tokens = 0
     if isinstance(kind, str) and kind in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part

@@ -681,15 +681,12 @@ class QuotaGuard(CustomLogger):
         res = self.reservations.stashed(kwargs, model_id) if model_id else None
         if res is None:
             return
-        self.reservations.forget(res, request_state(kwargs))
-        if self._sees_sends and not res.sent:
-            await self._release(res, f"{type(exc).__name__} before the request was sent")
-        elif failure_action(exc) == "release":
+        state = request_state(kwargs)
+        if failure_action(exc) == "release" and (res.sent or not self._sees_sends):
+            self.reservations.forget(res, state)
             await self._release(res, f"{type(exc).__name__} before the upstream accepted")
         else:
-            d = await self.gate().settle(res.pool, res.rid, None)
-            self._log_usage(res, None, d, "unavailable", 0,
-                                  outcome=type(exc).__name__)
+            await self._retire(res, state, type(exc).__name__)
 
     async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any,
                                       end_time: Any) -> None:
