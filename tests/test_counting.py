@@ -378,9 +378,10 @@ def test_the_cache_keeps_only_the_most_recent_texts(ark: FakeVolcengine) -> None
     assert client.cached(DOUBAO, "a") is None and client.cached(DOUBAO, "c") == 1
 
 
-@pytest.mark.parametrize("mode", ["error", "garbage", "wrong"])
+@pytest.mark.parametrize("mode", ["error", "garbage", "wrong", "zero"])
 def test_a_failing_api_gives_none(ark: FakeVolcengine, mode: str) -> None:
-    """A 500, a body that is not JSON, and JSON without total_tokens all give None, not an error."""
+    """A 500, a body that is not JSON, JSON without total_tokens, and a count of 0 tokens for a
+    text (fewer than its bytes / 256: no tokenizer packs that much in a token) all give None."""
     tokenize_control(ark).mode = mode  # type: ignore[assignment]
     found, client, _ = _count(ark, ["hello"])
     assert found is None and client.failures == 1

@@ -144,15 +144,16 @@ def test_a_big_prompt_is_counted_exactly_far_from_the_wall(doubao: Proxy) -> Non
 
 
 def test_every_tokenization_fault_falls_back_to_the_cheap_count_and_bills_0(doubao: Proxy) -> None:
-    """A 500, a hang past the 0.3 s timeout, a body that is not JSON, JSON without counts and a
-    401: each falls back to cl100k × k, which does not fit, so the request is refused (429) and
-    nothing reaches the chat endpoint; the fallback is logged once for the deployment, not per
-    request. Once the API answers again, the same request is admitted at its exact count."""
+    """A 500, a hang past the 0.3 s timeout, a body that is not JSON, JSON without counts, a 401
+    and a count of 0 for a long text: each falls back to cl100k × k, which does not fit, so the
+    request is refused (429) and nothing reaches the chat endpoint; the fallback is logged once
+    for the deployment, not per request. Once the API answers again, the same request is
+    admitted at its exact count."""
     control = tokenize_control(doubao.fake)
     pool, _ = POOLS["db-fault"]
     chats = len(doubao.fake.chat_requests())
     try:
-        for mode in ("error", "hang", "garbage", "wrong", "denied"):
+        for mode in ("error", "hang", "garbage", "wrong", "denied", "zero"):
             control.mode, control.hang_s = mode, 2.0  # type: ignore[assignment]
             calls = control.calls
             with pytest.raises(openai.RateLimitError):

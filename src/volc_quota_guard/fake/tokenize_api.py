@@ -15,6 +15,7 @@ Faults, per fake, for the client's fallback tests::
     control.mode = "garbage"   # 200 with a body that is not JSON
     control.mode = "wrong"     # 200, JSON, but no total_tokens
     control.mode = "denied"    # HTTP 401, as for a key the tokenization API does not accept
+    control.mode = "zero"      # 200, well formed, and 0 tokens for every text (an implausible count)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .billing_api import Reply, json_reply
 from .state import FakeState
 
 TOKENIZE_PATHS = ("/api/v3/tokenization",)
-Mode = Literal["ok", "error", "hang", "garbage", "wrong", "denied"]
+Mode = Literal["ok", "error", "hang", "garbage", "wrong", "denied", "zero"]
 
 
 @dataclass
@@ -79,7 +80,7 @@ def handle_tokenize(state: FakeState, header: Callable[[str], str | None], body:
         return json_reply(200, {"object": "list", "data": [{"index": 0}]})
     data = []
     for i, text in enumerate(texts):
-        n = doubao_tokens(text)  # imports counting (LiteLLM) on first use, not at the fake's start
+        n = 0 if control.mode == "zero" else doubao_tokens(text)  # imports counting on first use
         data.append({"object": "tokenization", "index": i, "total_tokens": n,
                      "token_ids": [], "offset_mapping": []})
     return json_reply(200, {"object": "list", "id": f"tok-{control.calls}",

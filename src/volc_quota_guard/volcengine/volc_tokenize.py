@@ -29,6 +29,11 @@ DEFAULT_TIMEOUT_S = 0.3
 DEFAULT_CACHE_SIZE = 4_096
 
 
+# No tokenizer's token spans more bytes than this (cl100k's and DeepSeek-V4's longest, runs of
+# spaces, are ~128 and ~118): a count below bytes / this is a broken answer, not a count.
+MAX_BYTES_PER_TOKEN = 256
+
+
 def _key(model: str, text: str) -> tuple[str, bytes]:
     return model, hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
@@ -112,6 +117,10 @@ class ArkTokenizer:
             counts = parse_counts(reply.json(), len(texts))
             if counts is None:
                 raise ValueError("the answer has no data[i].total_tokens for every text")
+            for text, n in zip(texts, counts, strict=True):
+                size = len(text.encode("utf-8", "surrogatepass"))
+                if n * MAX_BYTES_PER_TOKEN < size:  # a broken answer must not shrink a reservation
+                    raise ValueError(f"an implausible count: {n} tokens for {size} bytes")
             return counts
         except (httpx.HTTPError, TimeoutError, ValueError) as exc:  # bad JSON is a ValueError
             self.failures += 1
