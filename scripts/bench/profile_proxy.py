@@ -32,8 +32,8 @@ import proxy_bench  # noqa: E402
 
 # First match wins, checked over the whole stack: the guard's own work before the machinery around it.
 CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
-    ("guard: token counting", re.compile(r"volc_quota_guard/estimate\.py.*(tiktoken|token_counter|"
-                                         r"count_input)|volc_quota_guard/counting\.py")),
+    ("guard: token counting", re.compile(r"volc_quota_guard/counting\.py|volc_quota_guard/admission\.py.*"
+                                         r"count_input")),
     ("guard: Redis client (gate)", re.compile(r"volc_quota_guard/(gate|store)\.py")),
     ("guard: logging", re.compile(r"volc_quota_guard/.*\blogging/__init__\.py")),
     ("guard: metrics", re.compile(r"volc_quota_guard/metrics\.py")),

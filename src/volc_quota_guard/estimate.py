@@ -1,8 +1,7 @@
-"""Tokens in: the tokenizer's count of text, and the checks a request's messages must pass.
+"""The checks a request's messages must pass, and a deployment's output limit.
 
-Every doubt rounds up: an unknown tokenizer is cl100k (over-counts Chinese ~1.5x) and the gate
-multiplies the count by the pool's estimate correction. What a whole request may bill (media,
-output, server-side context) is `admission.py`'s job.
+Counting is `counting.py`'s job (the cheap count there: cl100k, weighed); what a whole request
+may bill (media, output, server-side context) is `admission.py`'s.
 """
 
 from __future__ import annotations
