@@ -195,6 +195,18 @@ def test_model_max_output_reads_config_then_litellm_map_and_survives_unmapped_mo
     assert estimate.model_max_output({}, "doubao-not-in-the-map-250101") is None
 
 
+def test_no_client_cap_pins_arks_own_default_not_the_models_maximum() -> None:
+    """Without max_tokens Ark caps the answer at 4,096: the guard pins (and holds) that, not the
+    32,768 the model may produce; a client's own cap is kept up to the model's maximum."""
+    limits = admission.limits_for({}, "deepseek-v3-2-251201", default_output=4_096, min_output=256)
+    off = {"thinking": {"type": "disabled"}}
+    assert size(chat("hi") | off, CHAT, limits).per_choice == 4_096
+    assert size(chat("hi") | off | {"max_tokens": 20_000}, CHAT, limits).per_choice == 20_000
+    assert size(chat("hi") | off | {"max_tokens": 90_000}, CHAT, limits).per_choice == 32_768
+    small = admission.limits_for({"max_output_tokens": 1_000}, "m", default_output=4_096, min_output=256)
+    assert size(chat("hi") | off, CHAT, small).per_choice == 1_000
+
+
 def test_big_prompts_are_flagged_for_a_worker_thread() -> None:
     """Above THREAD_ABOVE_CHARS of text the count is worth a thread; a short prompt is not."""
     assert not estimate.is_big(chat("short"))

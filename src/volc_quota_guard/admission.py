@@ -81,6 +81,10 @@ _UNBILLED = frozenset({
 })
 # Server-side context the guard cannot size (it never saw it being built).
 _UNBOUNDED_CONTEXT = ("conversation", "context_id")
+# Fields on which LiteLLM adds to the messages after the deployment hook sized them (retrieval
+# from a vector store or knowledge base, cache-control injection); a deployment's own
+# `prompt_id` too, which the router expands before the hook only for a client's.
+REWRITTEN_AFTER_HOOK = ("vector_store_ids", "knowledge_bases", "cache_control_injection_points")
 _UNBOUNDED_ITEMS = {"item_reference"}  # input items Ark expands from its own storage
 _ITEM_ROLES = {"user", "assistant", "system", "developer"}
 _internal: frozenset[str] | None = None
@@ -293,8 +297,9 @@ def plan_output(*, answer_cap: int | None, total_cap: int | None, thinking: bool
         if answer_cap is not None:
             per = min(per, answer_cap + (limits.reasoning_tokens if thinking else 0))
     else:
-        answer = answer_cap if answer_cap is not None else (limits.model_max_output
-                                                            or limits.default_output)
+        # No cap from the client: Ark's own default answer cap (max_tokens 4,096), not the
+        # model's maximum, so the guard neither holds nor lets Ark make more than Ark would.
+        answer = answer_cap if answer_cap is not None else limits.default_output
         if limits.model_max_output:
             answer = min(answer, limits.model_max_output)
         per = answer + allowance
@@ -317,6 +322,10 @@ def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> 
         if view.get(name) is not None:
             raise InvalidRequest(name, f"{name}: server-side context the guard cannot size; "
                                        "send the conversation in the request instead")
+    for name in REWRITTEN_AFTER_HOOK:
+        if view.get(name) or params.get(name):
+            raise InvalidRequest(name, f"{name}: LiteLLM adds to the messages after the quota guard "
+                                       "sized them; it is refused for guarded deployments")
     for name in OUTPUT_PARAMS:
         _cap(view, name)
     if route.kind in ("chat", "messages"):

@@ -58,8 +58,10 @@ class Settings(BaseSettings):
     evict_below: int = Field(default=1_000, ge=0, le=10_000_000,
                              description="Headroom under which a pool leaves routing.")
     fail_mode: Literal["closed", "open"] = "closed"
-    default_output_tokens: int = Field(default=8_192, ge=1, le=10_000_000,
-                                       description="Output cap when neither request nor model says.")
+    default_output_tokens: int = Field(
+        default=4_096, ge=1, le=10_000_000,
+        description="The answer cap pinned when the request sets none (Ark's own max_tokens default); "
+                    "a deployment's max_output_tokens lowers it.")
     count_cached_tokens: bool = True
     estimate_correction_min: float = Field(
         default=1.7, ge=1.0, le=100.0,

@@ -36,6 +36,7 @@ from volc_quota_guard.proxy.deployments import (  # noqa: E402
     guard_for,
     guard_for_deployment,
     pools_from_litellm_config,
+    pools_from_model_list,
 )
 from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 from volc_quota_guard.proxy.refusals import QuotaRefused, QuotaStoreDown  # noqa: E402
@@ -563,7 +564,7 @@ def _router_for(monkeypatch: pytest.MonkeyPatch, accounts: dict[str, str], **inf
     import sys
 
     router = litellm.Router(model_list=[
-        {"model_name": "g", "litellm_params": {"model": "volcengine/m-1", "api_key": "k",
+        {"model_name": "g", "litellm_params": {"model": "volcengine/m-1", "api_key": f"k-{acct}",
                                                "api_base": "http://127.0.0.1:9"},
          "model_info": {"id": dep, "vqg_account": acct, **info}} for dep, acct in accounts.items()])
     module = sys.modules.get("litellm.proxy.proxy_server") or types.ModuleType("litellm.proxy.proxy_server")
@@ -591,10 +592,100 @@ def test_the_cached_deployment_guard_follows_changes_to_the_routers_model_list(
     assert calls.guard_of_call(call(model_id="dep-a")).pool == "acct-d/m-2"  # a new model list
     router.set_model_list([{"model_name": "g", "litellm_params": {"model": "openai/gpt-x", "api_key": "k"},
                             "model_info": {"id": "dep-a"}}])
-    assert calls.guard_of_call(call(model_id="dep-a")) is None  # no longer a volcengine deployment
+    assert calls.guard_of_call(call(model_id="dep-a", model="openai/gpt-x")) is None  # not volcengine now
     router.delete_deployment("dep-a")
     fallback = calls.guard_of_call(call(model_id="dep-a"))  # unknown to the router: the call's own fields
     assert fallback is not None and fallback.pool == "acct-a/m-1"
+
+
+def _router_of(monkeypatch: pytest.MonkeyPatch, *deployments: dict[str, Any]) -> Any:
+    import sys
+
+    from volc_quota_guard.proxy import calls
+
+    calls._guards.clear()
+    router = litellm.Router(model_list=list(deployments))
+    module = sys.modules.get("litellm.proxy.proxy_server") or types.ModuleType("litellm.proxy.proxy_server")
+    monkeypatch.setitem(sys.modules, "litellm.proxy.proxy_server", module)
+    monkeypatch.setattr(module, "llm_router", router, raising=False)
+    return router
+
+
+def _dep(dep_id: str, model: str, **info: Any) -> dict[str, Any]:
+    params = {"model": model, "api_key": info.pop("api_key", f"key-{dep_id}")}
+    if "api_base" in info:
+        params["api_base"] = info.pop("api_base")
+    params |= info.pop("params", {})
+    return {"model_name": dep_id, "litellm_params": params, "model_info": {"id": dep_id, **info}}
+
+
+def _raw_call(dep_id: str, model: str, **info: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {"model_info": {"id": dep_id, **info}}}
+
+
+def test_a_call_bound_for_ark_through_an_unguarded_deployment_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `*` deployment resolves a client's `volcengine/x` to Ark without a pool: refused (never an
+    unguarded pass), unless the operator opted that deployment out; other providers pass."""
+    from volc_quota_guard.proxy import calls
+
+    _router_of(monkeypatch, _dep("star", "*"), _dep("out", "*", vqg_guard=False), _dep("oa", "openai/gpt-x"))
+    with pytest.raises(GuardConfigError, match="goes to Ark.*'star'"):
+        calls.guard_of_call(_raw_call("star", "volcengine/any-260101"))
+    assert calls.guard_of_call(_raw_call("out", "volcengine/any-260101", vqg_guard=False)) is None
+    assert calls.guard_of_call(_raw_call("star", "gpt-4o")) is None
+    assert calls.guard_of_call(_raw_call("oa", "openai/gpt-x")) is None
+    monkeypatch.setenv("VOLCENGINE_API_BASE", "http://ark.local:9/api/v3")
+    with pytest.raises(GuardConfigError, match="goes to Ark"):
+        calls.guard_of_call(_raw_call("oa", "openai/gpt-x") | {"api_base": "http://ark.local:9/api/v3/"})
+
+
+@pytest.mark.parametrize(("dep", "match"), [
+    (_dep("oa", "openai/ep-1", vqg_account="acct-c"), "sets model_info.vqg_account but its provider"),
+    (_dep("oa", "openai/ep-1", api_base="https://ark.cn-beijing.volces.com/api/v3"), "sends to Ark"),
+    (_dep("oa", "hosted_vllm/ep-1", api_base="os.environ/VOLCENGINE_API_BASE"), "sends to Ark"),
+    (_dep("pm", "volcengine/m-1", params={"prompt_id": "big"}), "litellm_params.prompt_id"),
+    (_dep("vs", "volcengine/m-1", params={"vector_store_ids": ["vs-1"]}), "litellm_params.vector_store_ids"),
+])
+def test_deployments_that_would_pass_ark_traffic_unsized_are_config_errors(
+        dep: dict[str, Any], match: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ark through another provider without `vqg_guard`, or a guarded deployment whose messages
+    LiteLLM rewrites after the hook: refused per call and named at startup; `vqg_guard` decides."""
+    from volc_quota_guard.proxy import calls
+
+    monkeypatch.setenv("VOLCENGINE_API_BASE", "http://ark.local:9/api/v3")
+    _router_of(monkeypatch, dep)
+    with pytest.raises(GuardConfigError, match=match):
+        calls.guard_of_call(_raw_call(dep["model_info"]["id"], dep["litellm_params"]["model"]))
+    with pytest.raises(ConfigError, match=match):
+        pools_from_model_list([dep])
+    if "prompt_id" not in str(dep) and "vector" not in str(dep):
+        opted = {**dep, "model_info": {**dep["model_info"], "vqg_guard": True}}
+        account = opted["model_info"].get("vqg_account", "default")
+        assert [p.pool for p in pools_from_model_list([opted])] == [f"{account}/ep-1"]
+
+
+@pytest.mark.parametrize(("second", "match"), [
+    (_dep("b", "volcengine/m-1", vqg_account="acct-b", api_key="key-a"), "share one Ark API key"),
+    (_dep("b", "volcengine/m-2", vqg_account="acct_a"), "read the same Volcengine credentials"),
+])
+def test_one_volcengine_account_under_two_pools_is_refused(
+        second: dict[str, Any], match: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One Ark key under two accounts, or two spellings of one account's credentials, would count
+    one free quota twice: both deployments are refused, and startup names them."""
+    from volc_quota_guard.proxy import calls
+
+    first = _dep("a", "volcengine/m-1", vqg_account="acct-a", api_key="key-a")
+    _router_of(monkeypatch, first, second)
+    for dep in (first, second):
+        with pytest.raises(GuardConfigError, match=match):
+            calls.guard_of_call(_raw_call(dep["model_info"]["id"], dep["litellm_params"]["model"]))
+    with pytest.raises(ConfigError, match=match):
+        pools_from_model_list([first, second])
+    fixed = {**second, "litellm_params": {**second["litellm_params"], "api_key": "key-b"},
+             "model_info": {**second["model_info"], "vqg_account": "acct-b"}}
+    assert len(pools_from_model_list([first, fixed])) == 2
 
 
 def test_a_cached_guard_sizes_exactly_as_an_uncached_one(world: Callable[..., Any],

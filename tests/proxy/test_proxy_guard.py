@@ -190,6 +190,15 @@ def test_client_without_max_tokens_gets_the_reserved_cap_pinned(proxy: Proxy) ->
         (None, 4096)]  # model_info.max_output_tokens (solo has no reasoning allowance)
 
 
+def test_client_without_max_tokens_gets_arks_default_not_the_models_maximum(proxy: Proxy) -> None:
+    """A deployment whose model may answer 32,768 tokens pins Ark's own default (4,096) on a call
+    that sets no cap, and a client's larger cap is kept: the guard holds no more than Ark makes."""
+    off = {"extra_body": {"thinking": {"type": "disabled"}}}
+    assert ask(proxy, "deepseek-v4-flash", **off).status_code == 200
+    assert ask(proxy, "deepseek-v4-flash", max_tokens=20_000, **off).status_code == 200
+    assert [r.max_completion_tokens for r in proxy.fake.chat_requests()] == [4_096, 20_000]
+
+
 # ---- routing ---------------------------------------------------------------------------------
 
 def served_by(r: httpx.Response) -> str:

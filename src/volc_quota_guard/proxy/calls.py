@@ -15,7 +15,17 @@ from typing import Any
 
 from .. import admission
 from ..errors import GuardConfigError
-from .deployments import GuardedDeployment, guard_for, guard_for_deployment
+from .deployments import (
+    AFTER_HOOK_PARAMS,
+    PROVIDER,
+    GuardedDeployment,
+    conflicts,
+    flag,
+    guard_for,
+    guard_for_deployment,
+    is_ark_base,
+    split_provider,
+)
 
 STASH_KEY = "vqg_reservations"  # model_id -> reservation id, in the call's metadata
 POOL_READ_S = 1.0  # a pool read as routable this recently is not read again for routing
@@ -116,6 +126,9 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
 
     The router's own copy of the deployment is authoritative; the call's fields are used only
     when the router does not know the id (SDK use, client-side-credential deployments).
+    Raises GuardConfigError for a deployment that cannot be guarded as configured, one whose
+    pool would count an account twice (`deployments.conflicts`), and a call that reaches Ark
+    through a deployment the guard passes without being told to (a `*` wildcard, say).
     """
     info = model_info_of(kwargs)
     model_id = info.get("id")
@@ -124,28 +137,54 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
         raw = _router_entry(router, model_id)
         hit = _guards.get(model_id) if raw is not None else None
         if hit is not None and hit[0] is raw and hit[1] == _fingerprint(raw):
-            return hit[2]
+            return _checked(hit[2], kwargs, info)
         try:
             dep = router.get_deployment(model_id=model_id)
         except Exception:  # noqa: BLE001
             dep = None
         if dep is not None:
-            guard = guard_for_deployment(dep.model_dump(exclude_none=True))
+            found: GuardedDeployment | None | GuardConfigError
+            try:
+                found = guard_for_deployment(dep.model_dump(exclude_none=True))
+                why = conflicts(router.model_list).get(model_id) if found is not None else None
+                if why is not None:
+                    found = GuardConfigError(f"deployment {model_id!r}: {why}")
+            except GuardConfigError as exc:
+                found = exc
             if raw is not None:
                 if len(_guards) >= GUARD_CACHE_SIZE:
                     _guards.clear()
-                _guards[model_id] = (raw, _fingerprint(raw), guard)
-            return guard
-    return guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info)
+                _guards[model_id] = (raw, _fingerprint(raw), found)
+            return _checked(found, kwargs, info)
+    return _checked(guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info), kwargs, info)
 
 
-# model id -> (the router's deployment dict, its fingerprint, its guard): `guard_of_call` per
-# request rebuilt a pydantic Deployment and dumped it again for a value that only changes when
-# the router's model list does. An entry holds only while the router still has that very dict
-# for the id with the same fields the guard is read from (a reload, an added, removed or edited
-# deployment is a miss).
+def _checked(found: GuardedDeployment | None | GuardConfigError, kwargs: Mapping[str, Any],
+             info: Mapping[str, Any]) -> GuardedDeployment | None:
+    if isinstance(found, GuardConfigError):
+        raise found
+    if found is None and flag(info.get("vqg_guard")) is not False:
+        # Not guarded, and not opted out: the call itself must not be bound for Ark.
+        model, provider = kwargs.get("model"), kwargs.get("custom_llm_provider")
+        upstream, resolved = split_provider(str(model or ""), provider if isinstance(provider, str) else None)
+        base = kwargs.get("api_base") or kwargs.get("base_url")
+        if resolved == PROVIDER or (isinstance(base, str) and is_ark_base(base)):
+            raise GuardConfigError(
+                f"this call goes to Ark ({resolved}/{upstream}) through deployment "
+                f"{info.get('id') or model!r}, which the quota guard does not guard (a wildcard or "
+                "another provider?): add a volcengine deployment for the model, or set "
+                "model_info.vqg_guard: false on that deployment to pass it unguarded")
+    return found
+
+
+# model id -> (the router's deployment dict, its fingerprint, its guard or why it has none):
+# `guard_of_call` per request rebuilt a pydantic Deployment and dumped it again for a value
+# that only changes when the router's model list does. An entry holds only while the router
+# still has that very dict for the id with the same fields the guard is read from (a reload,
+# an added, removed or edited deployment is a miss; a miss re-reads the whole list's conflicts).
 GUARD_CACHE_SIZE = 4096
-_guards: dict[str, tuple[Mapping[str, Any], tuple[object, ...], GuardedDeployment | None]] = {}
+_guards: dict[str, tuple[Mapping[str, Any], tuple[object, ...],
+                         GuardedDeployment | None | GuardConfigError]] = {}
 
 
 def _router_entry(router: Any, model_id: str) -> Mapping[str, Any] | None:
@@ -158,12 +197,13 @@ def _router_entry(router: Any, model_id: str) -> Mapping[str, Any] | None:
 
 
 def _fingerprint(raw: Mapping[str, Any]) -> tuple[object, ...]:
-    """What `guard_for_deployment` reads from a deployment, as a value to compare."""
+    """What `guard_for_deployment` and `conflicts` read from a deployment, as a value to compare."""
     params = raw.get("litellm_params")
     params = params if isinstance(params, Mapping) else {}
     info = raw.get("model_info")
-    return (params.get("model"), params.get("custom_llm_provider"),
-            dict(info) if isinstance(info, Mapping) else info)
+    read = ("model", "custom_llm_provider", "api_base", "api_key", "additional_drop_params",
+            *AFTER_HOOK_PARAMS)
+    return (*(repr(params.get(k)) for k in read), dict(info) if isinstance(info, Mapping) else info)
 
 
 def call_type_name(call_type: object) -> str:

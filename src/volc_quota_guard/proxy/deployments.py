@@ -10,7 +10,7 @@ guard. Every `volcengine` deployment is guarded unless the operator sets `vqg_gu
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,10 @@ from typing import Any
 import yaml
 from pydantic import SecretStr
 
+from ..admission import REWRITTEN_AFTER_HOOK
 from ..errors import ConfigError, GuardConfigError
 from ..gate.keys import pool_id
-from ..volcengine.accounts import DEFAULT_ACCOUNT
+from ..volcengine.accounts import DEFAULT_ACCOUNT, env_names
 from ..volcengine.ark import ArkTarget
 from ..volcengine.packages import PackageRule, PoolSpec
 
@@ -40,7 +41,7 @@ class GuardedDeployment:
     model_info: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
-def _flag(value: object) -> bool | None:
+def flag(value: object) -> bool | None:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -69,7 +70,7 @@ def guard_for(model: object, provider: object,
     if not isinstance(model, str) or not model:
         return None
     upstream, prov = split_provider(model, provider if isinstance(provider, str) else None)
-    opted = _flag(info.get("vqg_guard"))
+    opted = flag(info.get("vqg_guard"))
     if opted is False or (opted is None and prov != PROVIDER):
         return None
     account = info.get("vqg_account") or DEFAULT_ACCOUNT
@@ -81,20 +82,108 @@ def guard_for(model: object, provider: object,
     return GuardedDeployment(model_id, str(account), upstream, pool, info)
 
 
-def guard_for_deployment(deployment: Mapping[str, Any]) -> GuardedDeployment | None:
+# Deployment parameters LiteLLM applies after the deployment hook sized the call: a prompt
+# template (expanded in `acompletion`), retrieval, cache-control injection.
+AFTER_HOOK_PARAMS = ("prompt_id", *REWRITTEN_AFTER_HOOK)
+_ARK_HOSTS = (".volces.com", ".volcengineapi.com", ".byteplusapi.com")
+
+
+def is_ark_base(api_base: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether an api_base sends to Ark: an Ark host, or the base LiteLLM's volcengine uses."""
+    base = api_base.strip().rstrip("/").lower()
+    if not base:
+        return False
+    host = base.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1].split(":", 1)[0]
+    if host.endswith(_ARK_HOSTS):
+        return True
+    env = os.environ if env is None else env
+    ark = env.get("VOLCENGINE_API_BASE", "").strip().rstrip("/").lower()
+    return bool(ark) and base == ark
+
+
+def guard_for_deployment(deployment: Mapping[str, Any],
+                         env: Mapping[str, str] | None = None) -> GuardedDeployment | None:
     """`guard_for` on a router deployment dict (`litellm_params` + `model_info`).
 
-    Raises GuardConfigError when a guarded deployment sets `additional_drop_params`: LiteLLM
-    applies it after the guard's hook, so it can strip the output cap the reservation covers.
+    Raises GuardConfigError when a guarded deployment sets a parameter LiteLLM applies after
+    the guard's hook (`additional_drop_params` can strip the pinned output cap; a prompt
+    template or retrieval rewrites the messages), and when a deployment the guard would pass
+    looks meant for it — `vqg_*` keys, or an api_base on Ark — without an explicit `vqg_guard`.
     """
     params = deployment.get("litellm_params") or {}
-    guard = guard_for(params.get("model"), params.get("custom_llm_provider"),
-                      deployment.get("model_info") or {})
-    if guard is not None and params.get("additional_drop_params"):
-        raise GuardConfigError(f"deployment {guard.model_id or params.get('model')!r}: "
-                               "litellm_params.additional_drop_params may remove the output cap the "
-                               "quota guard pins; remove it from guarded deployments")
+    info = deployment.get("model_info") or {}
+    guard = guard_for(params.get("model"), params.get("custom_llm_provider"), info)
+    name = str(info.get("id") or params.get("model"))
+    if guard is None:
+        if flag(info.get("vqg_guard")) is None:
+            _check_unguarded(name, params, info, env)
+        return None
+    for key in ("additional_drop_params", *AFTER_HOOK_PARAMS):
+        if params.get(key):
+            raise GuardConfigError(f"deployment {name!r}: litellm_params.{key} is applied by LiteLLM "
+                                   "after the quota guard sized the call (it can remove the pinned "
+                                   "output cap or rewrite the messages); remove it from guarded "
+                                   "deployments")
     return guard
+
+
+def _check_unguarded(name: str, params: Mapping[str, Any], info: Mapping[str, Any],
+                     env: Mapping[str, str] | None) -> None:
+    """A deployment the guard passes must not look like one it should guard."""
+    provider = split_provider(str(params.get("model") or ""), params.get("custom_llm_provider"))[1]
+    keys = sorted(k for k in info if isinstance(k, str) and k.startswith("vqg_"))
+    if keys:
+        raise GuardConfigError(f"deployment {name!r} sets model_info.{keys[0]} but its provider is "
+                               f"{provider!r}, which the quota guard does not guard by default: set "
+                               "model_info.vqg_guard: true to guard it (or false to pass it unguarded)")
+    base = _resolve(params.get("api_base"), os.environ if env is None else env)
+    if base and is_ark_base(base, env):
+        raise GuardConfigError(f"deployment {name!r} sends to Ark ({base}) through provider "
+                               f"{provider!r}, which the quota guard does not guard by default: set "
+                               "model_info.vqg_guard: true to guard it (or false to pass it unguarded)")
+
+
+def conflicts(model_list: Iterable[Mapping[str, Any]],
+              env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Guarded deployments whose pools would count one Volcengine account as two: deployment
+    name -> why. Two account names that read the same credentials, or one Ark API key under
+    two accounts (a key belongs to one account), each hold one free quota counted twice."""
+    env = os.environ if env is None else env
+    seen: list[tuple[str, GuardedDeployment, str]] = []
+    for deployment in model_list:
+        try:
+            guard = guard_for_deployment(deployment, env)
+        except GuardConfigError:
+            continue  # refused on its own
+        if guard is None:
+            continue
+        params = deployment.get("litellm_params") or {}
+        key = _resolve(params.get("api_key"), env) or env.get("VOLCENGINE_API_KEY", "").strip()
+        seen.append((guard.model_id or guard.pool, guard, key))
+    found: dict[str, str] = {}
+    rules: list[tuple[Callable[[GuardedDeployment, str], str], str]] = [
+        (lambda g, _: _credential_name(g.account), "read the same Volcengine credentials: one "
+         "account's free quota would be counted as two; spell the account one way"),
+        (lambda _, key: key, "share one Ark API key, and a key belongs to one Volcengine account: "
+         "its free quota would be counted as two; give the deployments with that key one vqg_account"),
+    ]
+    for value_of, why in rules:
+        accounts: dict[str, set[str]] = {}
+        for _, guard, key in seen:
+            accounts.setdefault(value_of(guard, key), set()).add(guard.account)
+        for name, guard, key in seen:
+            group = accounts.get(value_of(guard, key), set())
+            if value_of(guard, key) and len(group) > 1:
+                listed = " and ".join(repr(a) for a in sorted(group))
+                found.setdefault(name, f"accounts {listed} {why}")
+    return found
+
+
+def _credential_name(account: str) -> str:
+    try:
+        return env_names(account)[0]
+    except ConfigError:
+        return account
 
 
 def guarded_deployments(model_list: Iterable[Mapping[str, Any]]
@@ -102,12 +191,17 @@ def guarded_deployments(model_list: Iterable[Mapping[str, Any]]
     """Each deployment of a LiteLLM ``model_list`` the guard guards, with its guard; a
     misconfigured one stops the caller with a ``ConfigError`` naming it (an operator's command
     must not silently skip a pool)."""
+    model_list = list(model_list)
+    clashes = conflicts(model_list)
     for deployment in model_list:
         try:
             guard = guard_for_deployment(deployment)
         except GuardConfigError as exc:
             raise ConfigError(str(exc)) from None
         if guard is not None:
+            name = guard.model_id or guard.pool
+            if name in clashes:
+                raise ConfigError(f"deployment {name!r}: {clashes[name]}")
             yield deployment, guard
 
 

@@ -30,14 +30,14 @@ from prometheus_client import start_http_server
 from .. import counting, metrics
 from ..config import Settings, settings
 from ..consume import TAG, ConsumeTask
-from ..errors import QuotaGuardError, StoreUnavailable
+from ..errors import ConfigError, QuotaGuardError, StoreUnavailable
 from ..gate import Gate, KeySpace
 from ..gate.store import connect
 from ..sync import SyncService
 from ..volcengine.ark import ArkTarget
 from ..volcengine.packages import PoolSpec
 from .calls import llm_router
-from .deployments import pools_from_model_list, targets_from_model_list
+from .deployments import conflicts, guard_for_deployment, pools_from_model_list, targets_from_model_list
 from .hook import QuotaGuard
 
 log = logging.getLogger("volc_quota_guard")
@@ -77,9 +77,14 @@ def router_pools() -> list[PoolSpec]:
     if router is None:
         return []
     usable = []
+    clashes = conflicts(router.model_list)
     for deployment in router.model_list:
         try:
             pools_from_model_list([deployment])
+            guard = guard_for_deployment(deployment)
+            name = guard and (guard.model_id or guard.pool)
+            if name in clashes:
+                raise ConfigError(f"deployment {name!r}: {clashes[name]}")
         except QuotaGuardError as exc:  # e.g. a `volcengine/*` wildcard names no pool
             _warn_once(f"❌ [Sync] deployment skipped, its pool cannot be synced (requests to it are "
                        f"refused): {exc}")

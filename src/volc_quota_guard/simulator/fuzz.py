@@ -33,7 +33,7 @@ from ..clock import BEIJING
 from .engine import simulate
 from .scenario import Scenario, parse_scenario
 
-DEFAULT_OUTPUT = 8_192  # the guard's output cap without max_tokens (Settings.default_output_tokens)
+DEFAULT_OUTPUT = 8_192  # a line's output without max_tokens, for sizing pools (not the guard's cap)
 MAX_REQUESTS = 400  # per scenario, so a run stays well under a second
 
 
