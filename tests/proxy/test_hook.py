@@ -613,6 +613,8 @@ def _router_of(monkeypatch: pytest.MonkeyPatch, *deployments: dict[str, Any]) ->
 
 def _dep(dep_id: str, model: str, **info: Any) -> dict[str, Any]:
     params = {"model": model, "api_key": info.pop("api_key", f"key-{dep_id}")}
+    if params["api_key"] is None:
+        del params["api_key"]
     if "api_base" in info:
         params["api_base"] = info.pop("api_base")
     params |= info.pop("params", {})
@@ -686,6 +688,30 @@ def test_one_volcengine_account_under_two_pools_is_refused(
     fixed = {**second, "litellm_params": {**second["litellm_params"], "api_key": "key-b"},
              "model_info": {**second["model_info"], "vqg_account": "acct-b"}}
     assert len(pools_from_model_list([first, fixed])) == 2
+
+
+def test_a_litellm_credential_is_read_for_where_a_deployment_sends_and_with_which_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiteLLM fills `api_base` / `api_key` from `litellm_credential_name` after the hook: an
+    `openai/` deployment whose credential points at Ark, and one credential's key under two
+    accounts, are refused as if written inline."""
+    from litellm.types.utils import CredentialItem
+
+    from volc_quota_guard.proxy import calls
+
+    monkeypatch.setattr(litellm, "credential_list", [CredentialItem(
+        credential_name="ark-cred", credential_info={},
+        credential_values={"api_key": "key-1", "api_base": "https://ark.cn-beijing.volces.com/api/v3"})])
+    cred = {"params": {"litellm_credential_name": "ark-cred"}, "api_key": None}
+    oa = _dep("oa", "openai/ep-1", **cred)
+    _router_of(monkeypatch, oa)
+    with pytest.raises(GuardConfigError, match="sends to Ark"):
+        calls.guard_of_call(_raw_call("oa", "openai/ep-1"))
+    with pytest.raises(GuardConfigError, match="goes to Ark"):  # a call the router does not know
+        calls.guard_of_call(_raw_call("nope", "openai/ep-1") | {"litellm_credential_name": "ark-cred"})
+    pair = [_dep(d, "volcengine/m-1", vqg_account=f"acct-{d}", **cred) for d in ("a", "b")]
+    with pytest.raises(ConfigError, match="share one Ark API key"):
+        pools_from_model_list(pair)
 
 
 def test_a_cached_guard_sizes_exactly_as_an_uncached_one(world: Callable[..., Any],

@@ -19,6 +19,7 @@ from .deployments import (
     AFTER_HOOK_PARAMS,
     PROVIDER,
     GuardedDeployment,
+    api_base_of,
     conflicts,
     flag,
     guard_for,
@@ -167,8 +168,7 @@ def _checked(found: GuardedDeployment | None | GuardConfigError, kwargs: Mapping
         # Not guarded, and not opted out: the call itself must not be bound for Ark.
         model, provider = kwargs.get("model"), kwargs.get("custom_llm_provider")
         upstream, resolved = split_provider(str(model or ""), provider if isinstance(provider, str) else None)
-        base = kwargs.get("api_base") or kwargs.get("base_url")
-        if resolved == PROVIDER or (isinstance(base, str) and is_ark_base(base)):
+        if resolved == PROVIDER or is_ark_base(api_base_of(kwargs)):
             raise GuardConfigError(
                 f"this call goes to Ark ({resolved}/{upstream}) through deployment "
                 f"{info.get('id') or model!r}, which the quota guard does not guard (a wildcard or "
@@ -201,7 +201,8 @@ def _fingerprint(raw: Mapping[str, Any]) -> tuple[object, ...]:
     params = raw.get("litellm_params")
     params = params if isinstance(params, Mapping) else {}
     info = raw.get("model_info")
-    read = ("model", "custom_llm_provider", "api_base", "api_key", "additional_drop_params",
+    read = ("model", "custom_llm_provider", "api_base", "base_url", "api_key", "litellm_credential_name",
+            "additional_drop_params",
             *AFTER_HOOK_PARAMS)
     return (*(repr(params.get(k)) for k in read), dict(info) if isinstance(info, Mapping) else info)
 

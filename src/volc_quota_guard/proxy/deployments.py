@@ -10,6 +10,7 @@ guard. Every `volcengine` deployment is guarded unless the operator sets `vqg_gu
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,27 @@ def is_ark_base(api_base: str, env: Mapping[str, str] | None = None) -> bool:
     return bool(ark) and base == ark
 
 
+def credential_values(params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The values of the LiteLLM credential a deployment or call names (`litellm_credential_name`):
+    LiteLLM fills a missing `api_key` / `api_base` from them after the guard's hook."""
+    name = params.get("litellm_credential_name")
+    litellm = sys.modules.get("litellm")
+    if not name or litellm is None:
+        return {}
+    for item in getattr(litellm, "credential_list", None) or ():
+        if getattr(item, "credential_name", None) == name:
+            values = getattr(item, "credential_values", None)
+            return values if isinstance(values, Mapping) else {}
+    return {}
+
+
+def api_base_of(params: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str:
+    """Where a deployment or call sends: its `api_base` (or `base_url`), else its credential's."""
+    env = os.environ if env is None else env
+    own = params.get("api_base") or params.get("base_url")
+    return _resolve(own or credential_values(params).get("api_base"), env)
+
+
 def guard_for_deployment(deployment: Mapping[str, Any],
                          env: Mapping[str, str] | None = None) -> GuardedDeployment | None:
     """`guard_for` on a router deployment dict (`litellm_params` + `model_info`).
@@ -136,7 +158,7 @@ def _check_unguarded(name: str, params: Mapping[str, Any], info: Mapping[str, An
         raise GuardConfigError(f"deployment {name!r} sets model_info.{keys[0]} but its provider is "
                                f"{provider!r}, which the quota guard does not guard by default: set "
                                "model_info.vqg_guard: true to guard it (or false to pass it unguarded)")
-    base = _resolve(params.get("api_base"), os.environ if env is None else env)
+    base = api_base_of(params, env)
     if base and is_ark_base(base, env):
         raise GuardConfigError(f"deployment {name!r} sends to Ark ({base}) through provider "
                                f"{provider!r}, which the quota guard does not guard by default: set "
@@ -158,7 +180,8 @@ def conflicts(model_list: Iterable[Mapping[str, Any]],
         if guard is None:
             continue
         params = deployment.get("litellm_params") or {}
-        key = _resolve(params.get("api_key"), env) or env.get("VOLCENGINE_API_KEY", "").strip()
+        key = (_resolve(params.get("api_key") or credential_values(params).get("api_key"), env)
+               or env.get("VOLCENGINE_API_KEY", "").strip())
         seen.append((guard.model_id or guard.pool, guard, key))
     found: dict[str, str] = {}
     rules: list[tuple[Callable[[GuardedDeployment, str], str], str]] = [
