@@ -81,10 +81,12 @@ _UNBILLED = frozenset({
 })
 # Server-side context the guard cannot size (it never saw it being built).
 _UNBOUNDED_CONTEXT = ("conversation", "context_id")
-# Fields on which LiteLLM adds to the messages after the deployment hook sized them (retrieval
-# from a vector store or knowledge base, cache-control injection); a deployment's own
-# `prompt_id` too, which the router expands before the hook only for a client's.
-REWRITTEN_AFTER_HOOK = ("vector_store_ids", "knowledge_bases", "cache_control_injection_points")
+# Fields on which LiteLLM adds to the messages after the deployment hook sized them: retrieval
+# (vector stores, knowledge bases), cache-control injection, a continue message between turns
+# of the same role, a system prompt of its own (`completion()` applies them after the hook).
+REWRITTEN_AFTER_HOOK = ("vector_store_ids", "knowledge_bases", "cache_control_injection_points",
+                        "ensure_alternating_roles", "user_continue_message",
+                        "assistant_continue_message", "litellm_system_prompt")
 _UNBOUNDED_ITEMS = {"item_reference"}  # input items Ark expands from its own storage
 _ITEM_ROLES = {"user", "assistant", "system", "developer"}
 _internal: frozenset[str] | None = None
@@ -364,6 +366,10 @@ def size(params: Mapping[str, Any], route: Route, limits: Limits,
     """
     view = upstream_view(params)
     _check(view, params, route)
+    if params.get("prompt_id"):  # the proxy expands (and drops) the prompts of its own registry
+        raise InvalidRequest("prompt_id", "prompt_id names no prompt of the proxy's registry, so "
+                                          "LiteLLM would expand it after the quota guard sized the "
+                                          "call; it is refused for guarded deployments")
     inp = count_input(view, route, limits)
     chain = 0
     if route.kind == "responses" and view.get("previous_response_id") is not None:

@@ -261,6 +261,25 @@ def test_reservation_is_idempotent_per_request_not_per_call_id(world: Callable[.
     world(scenario)
 
 
+def test_a_messages_chat_half_bigger_than_its_sizing_is_reserved_afresh(world: Callable[..., Any]) -> None:
+    """/v1/messages: the translated chat call rides the Anthropic call's reservation only when it
+    is no bigger; one LiteLLM grew is reserved again (the first released), never under-held."""
+    async def scenario(w: World) -> None:
+        w.seed(1_000_000)
+        rides = types.SimpleNamespace()
+        await w.guard.async_pre_call_deployment_hook(call(rides, max_tokens=100), "anthropic_messages")
+        once = w.state()["inflight"]
+        await w.guard.async_pre_call_deployment_hook(call(rides, max_tokens=100), "acompletion")
+        assert w.state()["inflight"] == once
+        grew = types.SimpleNamespace()
+        await w.guard.async_pre_call_deployment_hook(call(grew, max_tokens=100), "anthropic_messages")
+        assert w.state()["inflight"] == 2 * once
+        await w.guard.async_pre_call_deployment_hook(call(grew, "word " * 3_000, max_tokens=100),
+                                                     "acompletion")
+        assert w.state()["inflight"] >= once + 3_000
+    world(scenario)
+
+
 def test_forged_reservation_stash_is_ignored(world: Callable[..., Any]) -> None:
     """A client-supplied `vqg_reservations` in metadata does not count as a reservation."""
     async def scenario(w: World) -> None:

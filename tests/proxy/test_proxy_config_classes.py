@@ -1,8 +1,9 @@
-"""Deployments that would let Ark traffic pass unsized, through a real proxy (a red-team pass):
-Ark behind another provider, a `*` wildcard, one account under two pools (a shared API key, two
-spellings of its credentials), a deployment's own prompt template, client retrieval fields.
-Each billed on the fake before (10,150 - 18,240 tokens, or 20,845 consumed on a 34-token
-reservation); now each is a 400 naming the cause and nothing reaches Ark."""
+"""Deployments and request fields that let Ark traffic pass unsized, through a real proxy (two
+red-team passes): Ark behind another provider, a `*` wildcard, one account under two pools (a
+shared API key, two spellings of its credentials), a deployment's own prompt template; fields on
+which LiteLLM adds to the messages after the hook (a continue message between turns: 277
+reserved, 72,757 consumed; its own system prompt; retrieval; a prompt not in the proxy's
+registry). Each billed on the fake before; now each is a 400 naming the cause, nothing reaches Ark."""
 
 from __future__ import annotations
 
@@ -96,8 +97,33 @@ def test_startup_names_the_deployments_it_cannot_sync(proxy: Proxy) -> None:
         proxy.wait_for_log(rf"deployment skipped.*{name}", timeout=10)
 
 
-def test_client_retrieval_fields_are_refused_and_a_plain_call_serves(proxy: Proxy) -> None:
-    r = post(proxy, "cc-ok", vector_store_ids=["vs-1"])
-    assert r.status_code == 400 and "vector_store_ids" in r.text, r.text
+BIG = "lorem ipsum dolor sit amet " * 400
+TURNS = [{"role": "user", "content": "hi"}] * 30
+CONTINUE = {"role": "assistant", "content": BIG}
+
+
+@pytest.mark.parametrize(("path", "field", "extra"), [
+    ("chat", "assistant_continue_message", {"messages": TURNS, "assistant_continue_message": CONTINUE}),
+    ("chat", "ensure_alternating_roles", {"ensure_alternating_roles": True, "messages": TURNS}),
+    ("chat", "user_continue_message", {"user_continue_message": {"role": "user", "content": BIG}}),
+    ("chat", "litellm_system_prompt", {"litellm_system_prompt": BIG * 5}),
+    ("chat", "vector_store_ids", {"vector_store_ids": ["vs-1"]}),
+    ("chat", "prompt_id", {"prompt_id": "not-in-the-registry", "prompt_variables": {"q": BIG}}),
+    ("messages", "litellm_system_prompt", {"litellm_system_prompt": BIG * 5}),
+    ("messages", "ensure_alternating_roles", {"ensure_alternating_roles": True, "messages": TURNS,
+                                              "assistant_continue_message": CONTINUE}),
+])
+def test_fields_litellm_turns_into_messages_after_the_hook_are_refused(
+        proxy: Proxy, path: str, field: str, extra: dict[str, Any]) -> None:
+    if path == "chat":
+        r = post(proxy, "cc-ok", **extra)
+    else:
+        body = {"model": "cc-ok", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], **extra}
+        r = httpx.post(f"{proxy.url}/v1/messages", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": call_id()})
+    assert r.status_code == 400 and field in r.text, r.text
     assert proxy.fake.pool_totals("acct-c/cc-ok-260101").consumed == 0
+
+
+def test_a_plain_call_on_the_same_deployment_serves(proxy: Proxy) -> None:
     assert post(proxy, "cc-ok", max_tokens=50).status_code == 200

@@ -370,21 +370,27 @@ class QuotaGuard(CustomLogger):
         try:
             route = admission.route_of(call_type)
             live = state.live.get(guard.model_id)
+            sizing = None
             if live is not None and live.rid in self.reservations:
+                why = "retried"
                 if live.route == "messages" and route.kind == "chat" and not live.handed_over \
                         and not live.sent:
                     # The hook runs twice on /v1/messages: the translated chat call rides the
-                    # reservation once, never with more choices than it was sized for.
+                    # reservation once, never with more choices or input than it was sized for.
                     if admission.choices(admission.upstream_view(kwargs)) > live.choices:
                         raise InvalidRequest("n", "n changed between the two halves of one call")
-                    live.handed_over = True
-                    return stamp(kwargs, route, live)
+                    sizing = await self._size(kwargs, route, self._limits(guard), None)
+                    if sizing.input_tokens <= live.input_tokens:
+                        live.handed_over = True
+                        return stamp(kwargs, route, live)
+                    why = "resized"  # the translation grew the call: it is reserved afresh
                 # A retry of this request on the same deployment: the earlier attempt may have
                 # reached Ark (an error LiteLLM raised after the answer, such as a failed JSON
                 # schema check), and its reservation is about to lose its stash. Settle it now.
-                await self._retire(live, state, "retried")
+                await self._retire(live, state, why)
             chain = await self._known_chain(guard, kwargs, route)
-            sizing = await self._size(kwargs, route, self._limits(guard), chain)
+            if sizing is None or chain:
+                sizing = await self._size(kwargs, route, self._limits(guard), chain)
             sizing.check_fits()
         except InvalidRequest as exc:
             raise refusals.bad_request(str(exc), group, exc.param) from None
