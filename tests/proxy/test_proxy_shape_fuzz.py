@@ -76,10 +76,16 @@ video = st.just({"type": "video_url", "video_url": {"url": "https://v.invalid/v.
 thinking = st.sampled_from([None, {"type": "enabled"}, {"type": "disabled"}, {"type": "auto"}])
 caps = st.one_of(st.none(), st.integers(1, 9_000))
 small_n = st.one_of(st.none(), st.integers(1, 4))
-# One body in ~8 carries one field the guard must refuse (a 400 naming it).
-faults = st.sampled_from([None] * 7 + [("max_tokens", 0), ("max_completion_tokens", "100"),
+# One body in two carries one field the guard must refuse (a 400 naming it).
+faults = st.sampled_from([None] * 11 + [("max_tokens", 0), ("max_completion_tokens", "100"),
                                        ("max_tokens", 10**9), ("n", 40), ("n", 0), ("video", None),
-                                       ("additional_drop_params", ["max_completion_tokens"])])
+                                       ("additional_drop_params", ["max_completion_tokens"]),
+                                       # fields LiteLLM turns into messages after the hook
+                                       ("ensure_alternating_roles", True),
+                                       ("assistant_continue_message", {"role": "assistant",
+                                                                       "content": "more " * 3_000}),
+                                       ("litellm_system_prompt", "system " * 3_000),
+                                       ("prompt_id", "not-in-the-registry")])
 
 
 @st.composite
