@@ -654,7 +654,9 @@ def test_a_call_bound_for_ark_through_an_unguarded_deployment_is_refused(
     _router_of(monkeypatch, _dep("star", "*"), _dep("out", "*", vqg_guard=False), _dep("oa", "openai/gpt-x"))
     with pytest.raises(GuardConfigError, match="goes to Ark.*'star'"):
         calls.guard_of_call(_raw_call("star", "volcengine/any-260101"))
-    assert calls.guard_of_call(_raw_call("out", "volcengine/any-260101", vqg_guard=False)) is None
+    with pytest.raises(GuardConfigError, match="goes to Ark"):  # the call's own metadata cannot opt out
+        calls.guard_of_call(_raw_call("star", "volcengine/any-260101", vqg_guard=False))
+    assert calls.guard_of_call(_raw_call("out", "volcengine/any-260101")) is None  # the operator's opt-out
     assert calls.guard_of_call(_raw_call("star", "gpt-4o")) is None
     assert calls.guard_of_call(_raw_call("oa", "openai/gpt-x")) is None
     monkeypatch.setenv("VOLCENGINE_API_BASE", "http://ark.local:9/api/v3")

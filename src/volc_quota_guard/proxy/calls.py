@@ -138,7 +138,7 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
         raw = _router_entry(router, model_id)
         hit = _guards.get(model_id) if raw is not None else None
         if hit is not None and hit[0] is raw and hit[1] == _fingerprint(raw):
-            return _checked(hit[2], kwargs, info)
+            return _checked(hit[2], kwargs, raw.get("model_info") or {})  # the operator's, not the call's
         try:
             dep = router.get_deployment(model_id=model_id)
         except Exception:  # noqa: BLE001
@@ -156,7 +156,7 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
                 if len(_guards) >= GUARD_CACHE_SIZE:
                     _guards.clear()
                 _guards[model_id] = (raw, _fingerprint(raw), found)
-            return _checked(found, kwargs, info)
+            return _checked(found, kwargs, dep.model_info.model_dump() if dep.model_info else {})
     return _checked(guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info), kwargs, info)
 
 
