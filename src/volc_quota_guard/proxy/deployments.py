@@ -123,6 +123,14 @@ def api_base_of(params: Mapping[str, Any], env: Mapping[str, str] | None = None)
     return _resolve(own or credential_values(params).get("api_base"), env)
 
 
+def api_key_of(params: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str:
+    """The Ark key a deployment calls with: its `api_key`, its credential's, else the
+    `VOLCENGINE_API_KEY` LiteLLM's volcengine provider reads."""
+    env = os.environ if env is None else env
+    own = params.get("api_key") or credential_values(params).get("api_key")
+    return _resolve(own, env) or env.get("VOLCENGINE_API_KEY", "").strip()
+
+
 def guard_for_deployment(deployment: Mapping[str, Any],
                          env: Mapping[str, str] | None = None) -> GuardedDeployment | None:
     """`guard_for` on a router deployment dict (`litellm_params` + `model_info`).
@@ -179,9 +187,7 @@ def conflicts(model_list: Iterable[Mapping[str, Any]],
             continue  # refused on its own
         if guard is None:
             continue
-        params = deployment.get("litellm_params") or {}
-        key = (_resolve(params.get("api_key") or credential_values(params).get("api_key"), env)
-               or env.get("VOLCENGINE_API_KEY", "").strip())
+        key = api_key_of(deployment.get("litellm_params") or {}, env)
         seen.append((guard.model_id or guard.pool, guard, key))
     found: dict[str, str] = {}
     rules: list[tuple[Callable[[GuardedDeployment, str], str], str]] = [
@@ -281,11 +287,10 @@ def targets_from_model_list(model_list: Iterable[Mapping[str, Any]],
         if guard.pool in found:
             continue
         params = deployment.get("litellm_params") or {}
-        key = _resolve(params.get("api_key"), env) or env.get("VOLCENGINE_API_KEY", "").strip()
+        key = api_key_of(params, env)
         if not key:
             continue
-        base = (_resolve(params.get("api_base"), env) or env.get("VOLCENGINE_API_BASE", "").strip()
-                or DEFAULT_API_BASE)
+        base = api_base_of(params, env) or env.get("VOLCENGINE_API_BASE", "").strip() or DEFAULT_API_BASE
         found[guard.pool] = ArkTarget(guard.pool, guard.upstream_model, base.rstrip("/"),
                                       SecretStr(key))
     return found
