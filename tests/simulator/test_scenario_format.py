@@ -152,6 +152,18 @@ def test_prior_usage_and_wipe_at_are_additions_checked_like_the_rest() -> None:
         GOOD + "prior_usage: {tokens: 1, minuets: 3}\n")
 
 
+def test_lag_changes_are_an_addition_checked_like_the_rest() -> None:
+    """`lag_changes` parse in time order whatever their order in the file; a change outside the
+    run is an error naming its line."""
+    assert parse_scenario(GOOD).lag_changes == []
+    s = parse_scenario(GOOD + 'lag_changes:\n  - {at: "16:00", minutes: 20}\n'
+                       '  - {at: "10:00", minutes: 240}\n')
+    assert s.lag_schedule() == [(s.start_ms + 600 * 60_000, 240), (s.start_ms + 960 * 60_000, 20)]
+    late = _error(GOOD.replace("2026-08-13T00:00:00", "2026-08-13T15:00:00")
+                  + 'lag_changes:\n  - {at: "10:00", minutes: 240}\n')
+    assert "s.yaml:12: lag_changes[0].at: this lag change is not inside the run" in late
+
+
 def test_thinking_lines_follow_arks_caps() -> None:
     """n, reasoning and thinking parse with defaults (1, 0, on); max_tokens leaves reasoning
     uncapped, a total cap (max_completion_tokens) bounds reasoning + answer, per choice."""

@@ -135,6 +135,19 @@ def test_api_view_settles_exactly_after_the_lag() -> None:
     assert (view.status, view.available, view.total) == ("Effective", 900, 1000)
 
 
+def test_a_lag_change_holds_back_new_draws_but_never_takes_back_a_shown_one() -> None:
+    """An incident: the lag grows from 14 minutes to 4 hours at T0 + 20 min. A draw the API
+    already showed stays shown; a draw after it waits the new lag (as a draw still unsettled)."""
+    led = Ledger(lag_minutes=14)
+    led.add_package(POOL, 1000, T0 - HOUR)
+    led.consume(POOL, 100, T0)
+    led.consume(POOL, 50, T0 + 10 * MIN)
+    led.set_lag(240, T0 + 20 * MIN)
+    assert led.api_balance(POOL, T0 + 20 * MIN) == 900
+    assert led.api_balance(POOL, T0 + 4 * HOUR) == 900
+    assert led.api_balance(POOL, T0 + 10 * MIN + 4 * HOUR) == 850
+
+
 def test_a_drained_package_stays_effective_in_the_api_until_settled() -> None:
     """A package emptied a minute ago still shows its unsettled amount; then UsedUp."""
     led = Ledger(lag_minutes=14)

@@ -111,7 +111,7 @@ def _route(state: FakeState, method: str, path: str, query: dict[str, list[str]]
         lag = data.pop("settlement_lag_minutes", None)
         with state.lock:
             if lag is not None:
-                state.ledger.set_lag(float(lag))
+                state.ledger.set_lag(float(lag), state.now_ms())
             state.set_chat_defaults(**data)
             return json_reply(200, _defaults(state))
     if route == ("POST", "/billing/faults"):

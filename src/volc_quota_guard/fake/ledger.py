@@ -246,10 +246,14 @@ class Ledger:
         state.returned_days.discard(day)
         self._reschedule(state)
 
-    def set_lag(self, lag_minutes: float) -> None:
-        """Change the settlement lag. Draws already settled under the old lag stay settled."""
+    def set_lag(self, lag_minutes: float, now_ms: int | None = None) -> None:
+        """Change the settlement lag. Draws already settled under the old lag stay settled
+        (as of ``now_ms``, when given: the API never takes back what it has shown)."""
         if lag_minutes < 0:
             raise ValueError("lag_minutes >= 0 is required")
+        if now_ms is not None:
+            for state in self._pools.values():
+                self._settle(state, now_ms)
         self.lag_ms = int(lag_minutes * 60_000)
 
     def return_time_ms(self, day: int) -> int | None:

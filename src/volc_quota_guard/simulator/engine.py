@@ -138,7 +138,7 @@ def make_strategy(name: str, s: Scenario, ledger: Ledger, clock: ManualClock, cf
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
-_DAY_END, _SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE = range(6)
+_LAG, _DAY_END, _SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE = range(7)
 _NEVER = 1 << 62
 
 
@@ -175,6 +175,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
     next_arrival = 0
     next_sample = s.start_ms if out else _NEVER
     wipe_at = s.wipe_ms if s.wipe_ms is not None else _NEVER
+    lag_changes = s.lag_schedule()
 
     with sync_logs(verbose) as errors, closing(make_strategy(strategy, s, ledger, clock, cfg, errors,
                                                              store_url)) as strat:
@@ -182,6 +183,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
         while True:
             wake = strat.wakeup_at()
             candidates = (
+                (lag_changes[0][0] if lag_changes else _NEVER, _LAG),
                 (next_midnight if next_midnight < end else _NEVER, _DAY_END),
                 (settles[0][0] if settles else _NEVER, _SETTLE),
                 (wake if wake is not None and wake < end else _NEVER, _WAKE),
@@ -194,7 +196,9 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                 break
             clock.set(now)
 
-            if kind == _DAY_END:
+            if kind == _LAG:
+                ledger.set_lag(lag_changes.pop(0)[1], now)
+            elif kind == _DAY_END:
                 left, at_start = day_stranded(now)
                 stranded += left
                 stranded_start += at_start

@@ -109,6 +109,16 @@ class PriorUsage(_Strict):
     minutes: Annotated[float, Field(strict=True, ge=0, le=1440)] = 0
 
 
+class LagChange(_Strict):
+    """From `at` on (Beijing time of day, day `day` of the run) the balance API settles
+    `minutes` behind: an incident at Volcengine (longer) or its end (shorter). What the API
+    showed already stays shown."""
+
+    at: TimeOfDay
+    day: Annotated[int, Field(strict=True, ge=1, le=400)] = 1
+    minutes: Annotated[float, Field(strict=True, ge=0, le=1440)]
+
+
 class TrafficLine(_Strict):
     """One stream of requests: steady (`from`/`to`/`every_seconds`) or single (`at`)."""
 
@@ -191,12 +201,16 @@ class Scenario(_Strict):
     prior_usage: PriorUsage | None = None
     model_reasoning_tokens: Tokens = 0  # the deployment's vqg_reasoning_tokens (0: no thinking)
     wipe_at: TimeOfDay | None = None  # the guard's store loses all its data at this time, day 1
+    lag_changes: list[LagChange] = Field(default_factory=list)  # the API's lag moves mid-run
 
     @model_validator(mode="after")
     def _lines_fit_the_run(self) -> Scenario:
         wipe = self.wipe_ms
         if wipe is not None and not self.start_ms < wipe < self.end_ms:
             raise _LineError(("wipe_at",), "the wipe is not inside the run (day 1, after the start)")
+        for i, change in enumerate(self.lag_changes):
+            if not self.start_ms <= self.request_ms(change.day, change.at) < self.end_ms:
+                raise _LineError(("lag_changes", i, "at"), "this lag change is not inside the run")
         for i, line in enumerate(self.traffic):
             if line.day is not None and line.day > self.calendar_days:
                 raise _LineError(("traffic", i, "day"),
@@ -204,6 +218,10 @@ class Scenario(_Strict):
             if line.single and self.request_ms(line.day or 1, line.at or 0) < self.start_ms:
                 raise _LineError(("traffic", i, "at"), "this request is before the scenario's start")
         return self
+
+    def lag_schedule(self) -> list[tuple[int, float]]:
+        """(ms, lag minutes) of each lag change, in time order."""
+        return sorted((self.request_ms(c.day, c.at), c.minutes) for c in self.lag_changes)
 
     @property
     def wipe_ms(self) -> int | None:
