@@ -47,9 +47,10 @@ class Settings(BaseSettings):
                     "lost state); 0 = none until the hold ends.")
     unseen_day_tokens: int = Field(
         default=200_000, ge=0, le=1_000_000_000,
-        description="Today's usage the guard assumes it did not see when a pool's history begins after "
-                    "Beijing midnight (a first start, lost state): the daily cap is lowered by this "
-                    "until midnight.")
+        description="Usage the guard assumes ran unseen before a pool's history began (a first start, "
+                    "lost state): the daily cap is lowered by this until Beijing midnight (when the "
+                    "history begins after it), and the balance wall until the balance API has settled "
+                    "more than this since; 0 = the account was idle.")
     reservation_ttl_seconds: int = Field(
         default=900, ge=10, le=86_400,
         description="After this, an unsettled reservation counts as consumed.")

@@ -81,8 +81,9 @@ def proxy_env(fake: FakeVolcengine, store_url: str, prefix: str) -> dict[str, st
         "VQG_SMALL_BUFFER": "20000",
         # A day in minutes: sync every real minute and check every second.
         "VQG_SYNC_INTERVAL_MINUTES": "1", "VQG_SYNC_LOW_INTERVAL_MINUTES": "1", "VQG_SYNC_POLL_SECONDS": "1",
-        # The fake's accounts were never used before the demo: no cold-start hold (limit.md).
-        "VQG_COLD_START_ADMIT_TOKENS": "1000000000",
+        # The fake's accounts were never used before the demo: no cold-start hold and nothing
+        # assumed to have run unseen (limit.md, "History start").
+        "VQG_COLD_START_ADMIT_TOKENS": "1000000000", "VQG_UNSEEN_DAY_TOKENS": "0",
     })
     for account, (ak, sk, ark_key) in ACCOUNTS.items():
         suffix = account.upper().replace("-", "_")

@@ -25,6 +25,13 @@ not pass `VQG_COLD_START_ADMIT_TOKENS`, default 0); from then on `Bal + U(t − 
 again, because the API has settled everything before the history began. The exact anchor
 needs the history to cover the quiet stretch (and Δ_assumed) too.
 
+Young history: the hold covers what ran unseen only if the true lag is ≤ Δ_assumed, which a
+first start cannot know. So a new generation also keeps `unseen_tokens` (the operator's bound on
+what ran unseen, VQG_UNSEEN_DAY_TOKENS) off the wall, less what the API settled since the history
+began beyond all our own usage, until it settled more than the bound: then some of our own usage
+is settled, and everything older with it. Without that proof (a pool too small to show it) the
+allowance ends after YOUNG_MS or 2 × Δ_assumed.
+
 Billing: the API's balance lags consumption, so it is never below the true one. A balance of 0
 reached by a package running dry (it had tokens at the last sync and shows 0 now, still listed:
 consumed, not expired) means the free quota is spent and whatever ran since was billed. The
@@ -51,6 +58,7 @@ LAG_BELIEVABLE_MS = 4 * 60 * MINUTE_MS  # a longer "lag" is a broken anchor, not
 # The day's count trusts the API to have settled everything older than Δ_assumed plus this: the
 # daily cap has no SMALL_BUFFER to absorb a lag longer than assumed (the floor's 20 min -> 1 h).
 DAY_LAG_PAD_MS = 40 * MINUTE_MS
+YOUNG_MS = 4 * 60 * MINUTE_MS  # a young history's unseen allowance ends by then without proof
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,9 @@ class LimitState:
     last_sync_ms: int = 0
     billing_since_ms: int = 0  # when a sync first found the free quota spent (0 = not billing)
     generation: int = 0  # the pool state's hist_at these estimates belong to (0 = unknown)
+    # The balance at this generation's first sync (moved with package changes like F): the API
+    # has settled at most this less the balance since the history began. None = not young.
+    unseen_ref: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -108,6 +119,7 @@ class LimitState:
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
             billing_since_ms=int(raw.get("billing_since_ms") or 0),
             generation=int(raw.get("generation") or 0),
+            unseen_ref=optional_int(raw.get("unseen_ref")),
         )
 
 
@@ -159,6 +171,7 @@ class LimitResult:
     billing_started: bool = False  # ... and this sync is the first to see it
     held_until_ms: int = 0  # > 0: the history is shorter than Δ_assumed; held until then
     history_start_ms: int = 1
+    unseen: int = 0  # kept off the wall: what may have run unseen before a young history began
 
 
 def assumed_lag_ms(state: LimitState, now_ms: int, floor_ms: int) -> int:
@@ -181,16 +194,18 @@ def compute_limit(
     evict_below: int,
     history_start_ms: int = 1,
     cold_start_admit: int = 0,
+    unseen_tokens: int = 0,
 ) -> LimitResult:
     """The pool's snapshot. `history_start_ms` is where our usage timeline begins (the state's
     hist_at; 1 = long ago): before it covers Δ_assumed the snapshot holds the pool, letting
-    lifetime usage reach at most `cold_start_admit`."""
+    lifetime usage reach at most `cold_start_admit`; while the history is young the wall keeps
+    `unseen_tokens` off."""
     balance = sum(p.available for p in packages)
     notes: list[str] = []
     if state.generation != history_start_ms and (state.generation, history_start_ms) != (0, 1):
         # Estimates of another generation are in another generation's lifetime coordinates;
         # what was learned about the API's lag still holds.
-        state = LimitState(lags=state.lags, generation=history_start_ms)
+        state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance)
     before = dict(state.packages)
     previous = (before, state.gone, state.last_sync_ms)
     ran_dry = any(before.get(p.instance_no, 0) > 0 and p.available == 0 for p in packages)
@@ -204,9 +219,11 @@ def compute_limit(
                         upper_free_total=None)
 
     history_ms = now_ms - history_start_ms
-    quiet = (usage.inflight == 0
-             and history_ms >= max(QUIET_MS, assumed_lag_ms(state, now_ms, lag_floor_ms))
-             and usage.usage_at(now_ms - QUIET_MS) == usage.lifetime_usage)
+    # Quiet for longer than any lag we know of: the API has settled all our usage. A quiet
+    # stretch shorter than Δ_assumed proves nothing (a 150-min lag under a 2-hour quiet billed).
+    quiet_ms = max(QUIET_MS, assumed_lag_ms(state, now_ms, lag_floor_ms))
+    quiet = (usage.inflight == 0 and history_ms >= quiet_ms
+             and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage)
     if quiet:
         state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms)
     # Where no quiet stretch gave an exact anchor, the lowest upper bound of F still places a
@@ -217,25 +234,30 @@ def compute_limit(
 
     observed: int | None = None
     external = False
-    exact = state.anchor_free_total is not None
-    reference = state.anchor_free_total if exact else state.upper_free_total
-    if reference is not None and not quiet:
-        settled = reference - balance  # exact from the anchor, at least the truth from the bound
-        if exact and settled > usage.lifetime_usage:
+    if state.anchor_free_total is not None and not quiet:
+        settled = state.anchor_free_total - balance  # exact while the anchor holds
+        if settled > usage.lifetime_usage:
             external = True  # the API settled more than we recorded: usage outside the proxy
             notes.append("balance fell by more than our recorded usage: usage outside the proxy?")
-        elif settled <= usage.lifetime_usage:
-            unsettled_from = usage.first_above(settled, state.anchor_ms if exact else state.upper_ms)
-            if unsettled_from is not None:
-                observed = max(0, now_ms - unsettled_from)
-                if observed > LAG_BELIEVABLE_MS:
-                    # Hours behind is not a lag we can plan around: more likely the anchor is
-                    # off (an expiry shift over-subtracts). Say so; don't let it rule for a week.
-                    notes.append(f"the API looks {observed // 60_000} min behind our usage; "
-                                 "observation not used — check the account's usage outside the proxy")
-                    observed = None
-                else:
-                    state = replace(state, lags=(*state.lags, (now_ms, observed))[-50:])
+        else:
+            observed = _lag_behind(usage, settled, state.anchor_ms, now_ms)
+            if observed is not None and observed > LAG_BELIEVABLE_MS:
+                # Hours behind an anchor more likely means the anchor is low (an expiry shift
+                # over-subtracted) than that the API is: keep it as a bound of F, not as exact,
+                # and let the upper bound below observe the lag.
+                notes.append(f"the API looks {observed // 60_000} min behind the anchor; "
+                             "anchor dropped — check the account's usage outside the proxy")
+                lowest = state.anchor_free_total if state.lowest_free_total is None \
+                    else min(state.lowest_free_total, state.anchor_free_total)
+                state = replace(state, anchor_free_total=None, lowest_free_total=lowest)
+                observed = None
+    if state.anchor_free_total is None and state.upper_free_total is not None and not quiet:
+        # F is at most the bound, so the API settled at least the bound less the balance: the
+        # lag found is a lower bound of the true one however long it is. A lag of hours (an
+        # incident at Volcengine) is planned around, never disbelieved: that would bill.
+        observed = _lag_behind(usage, state.upper_free_total - balance, state.upper_ms, now_ms)
+    if observed is not None:
+        state = replace(state, lags=(*state.lags, (now_ms, observed))[-50:])
 
     lag = assumed_lag_ms(state, now_ms, lag_floor_ms)
     estimate = balance + usage.usage_at(now_ms - lag)
@@ -256,6 +278,7 @@ def compute_limit(
     # estimates undershoot by the traffic between Δ_assumed and the true lag.
     free_total = lowest if state.anchor_free_total is None else state.anchor_free_total
     settled_usage = max(0, free_total - balance)
+    state, unseen = _young(state, balance, unseen_tokens, usage, history_ms, lag, notes)
 
     valid_until = now_ms + max_age_ms
     # Expiry: what the API still shows in packages that expire before the snapshot does is
@@ -264,14 +287,40 @@ def compute_limit(
                    if p.expires_ms is not None and p.expires_ms <= valid_until)
     step, counted_from = day_step(now_ms, packages, usage, *previous, lag_ms=lag,
                                   history_start_ms=history_start_ms)
-    snapshot = Snapshot(balance=balance, settled_usage=settled_usage, expiring=expiring,
+    snapshot = Snapshot(balance=balance, settled_usage=settled_usage, expiring=expiring + unseen,
                         small_buffer=small_buffer, daily_cap=daily_cap,
                         valid_until_ms=valid_until, evict_below=evict_below,
                         hold_until_ms=held_until, hold_cap=cold_start_admit if held_until else 0,
                         day_step=step, day_since_ms=previous[2], day_from=counted_from)
     return LimitResult(snapshot, state, balance, settled_usage, free_total, lag, observed,
                        expiring, external, notes, held_until_ms=held_until,
-                       history_start_ms=history_start_ms)
+                       history_start_ms=history_start_ms, unseen=unseen)
+
+
+def _young(state: LimitState, balance: int, unseen_tokens: int, usage: UsageView, history_ms: int,
+           lag_ms: int, notes: list[str]) -> tuple[LimitState, int]:
+    """What to keep off the wall for usage that ran unseen before the history began: at most
+    `unseen_tokens`, less what the API settled since that cannot be ours (we ran no more)."""
+    if state.unseen_ref is None or unseen_tokens <= 0:
+        return state, 0
+    settled = state.unseen_ref - balance
+    if settled > unseen_tokens:
+        notes.append(f"the balance API settled {settled:,} tokens since the history began, more than "
+                     f"the {unseen_tokens:,} assumed unseen: none of them is pending any more")
+    elif history_ms >= max(YOUNG_MS, 2 * lag_ms):
+        notes.append(f"the history is {history_ms // MINUTE_MS} min old: the {unseen_tokens:,} tokens "
+                     "assumed unseen are taken as settled")
+    else:
+        ours = usage.lifetime_usage + usage.inflight  # the most of ours the API can have settled
+        return state, max(0, min(unseen_tokens, unseen_tokens - settled + ours))
+    return replace(state, unseen_ref=None), 0
+
+
+def _lag_behind(usage: UsageView, settled: int, since_ms: int, now_ms: int) -> int | None:
+    """How long ago the first minute since `since_ms` ended whose surely-run usage exceeds what
+    the API has `settled`: it cannot be settled yet (None: everything may be)."""
+    unsettled_from = usage.first_above(settled, since_ms)
+    return None if unsettled_from is None else max(0, now_ms - unsettled_from)
 
 
 def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,
@@ -365,7 +414,7 @@ def _follow_package_changes(state: LimitState, packages: Sequence[PackageView],
         return None if v is None else v + delta
 
     return replace(state, lowest_free_total=shift(state.lowest_free_total),
-                   anchor_free_total=shift(state.anchor_free_total),
+                   anchor_free_total=shift(state.anchor_free_total), unseen_ref=shift(state.unseen_ref),
                    upper_free_total=None if state.upper_free_total is None
                    else state.upper_free_total + arrived)
 

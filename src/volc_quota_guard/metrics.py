@@ -86,7 +86,8 @@ _GAUGES: tuple[tuple[str, str, str, float], ...] = (
     ("vqg_usage_at_sync_tokens", "Lifetime usage the balance at sync already reflected (estimate)",
      "usage_at_sync", 1),
     ("vqg_b0_estimate_tokens", "Free balance at the start of today, as estimated", "b0_estimate", 1),
-    ("vqg_expiring_tokens", "Free tokens that expire before the next sync (kept off the balance wall)",
+    ("vqg_expiring_tokens", "Free tokens kept off the balance wall: they expire before the next sync, "
+     "or may have been used unseen before a young history began",
      "expiring", 1),
     ("vqg_small_buffer_tokens", "Tokens kept back below the free balance (VQG_SMALL_BUFFER)",
      "small_buffer", 1),

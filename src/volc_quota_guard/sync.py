@@ -176,7 +176,8 @@ class SyncService:
         today = (f"today's usage restored to {decision.used_today:,} from this process's checkpoint"
                  if seen else "today's usage before the loss is unknown")
         log.error("⛔ [STATE-LOST] %s: %s vanished while the guard was running; %s, and the daily "
-                  "cap is lowered by %s until Beijing midnight%s", pool, what, today,
+                  "cap (and the balance, until the API shows it settled) is lowered by %s until "
+                  "Beijing midnight%s", pool, what, today,
                   f"{self.cfg.unseen_day_tokens:,}", _hold_text(gen, held_until), extra=BILLING_EVENT)
 
     # -- one sync -----------------------------------------------------------------------------
@@ -257,7 +258,7 @@ class SyncService:
             lag_floor_ms=cfg.lag_floor_minutes * MINUTE_MS, small_buffer=cfg.small_buffer,
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * MINUTE_MS,
             evict_below=cfg.evict_below, history_start_ms=history_start,
-            cold_start_admit=cfg.cold_start_admit_tokens)
+            cold_start_admit=cfg.cold_start_admit_tokens, unseen_tokens=cfg.unseen_day_tokens)
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,
@@ -274,9 +275,10 @@ class SyncService:
         b0 = result.free_total - (usage.lifetime_usage - today_usage)
         observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // MINUTE_MS}min"
         log.info("🔄 [Sync] %s: Bal=%s UsageAtSync=%s Δ=%smin (observed %s) B0≈%s Expiring=%s "
-                 "Limit=%s Used=%s Headroom=%s",
+                 "Unseen=%s Limit=%s Used=%s Headroom=%s",
                  pool, f"{result.balance:,}", f"{result.settled_usage:,}",
                  result.lag_assumed_ms // MINUTE_MS, observed, f"{b0:,}", f"{result.expiring:,}",
+                 f"{result.unseen:,}",
                  f"{decision.balance_wall:,}", f"{decision.used_balance:,}", f"{decision.headroom:,}")
         for note in result.notes:
             log.warning("⚠️ [Sync] %s: %s", pool, note)
@@ -306,7 +308,8 @@ class SyncService:
         if result.held_until_ms:
             log.warning("🕒 [COLD-START] %s held until %s (Beijing): the balance API may not show "
                         "the last %d min of usage yet (the guard's history of this pool begins now; "
-                        "%s tokens of today's usage assumed unseen)", pool,
+                        "%s tokens assumed used unseen: off today's cap until midnight, and off the "
+                        "balance until the API shows it settled)", pool,
                         f"{to_beijing(result.held_until_ms):%H:%M}",
                         -(-(result.held_until_ms - gen) // MINUTE_MS), f"{self.cfg.unseen_day_tokens:,}")
 

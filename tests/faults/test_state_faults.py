@@ -41,7 +41,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             chat_defaults=ChatDefaults(completion_tokens=64)) as fake:
         fake.add_package(POOL_SOLO, 300_000)
         fake.consume(POOL_SOLO, 150_300)  # the API shows it in 30 s; the guard never sees it
-        env = sync_env(fake, VQG_COLD_START_ADMIT_TOKENS="0", VQG_LAG_FLOOR_MINUTES="1",
+        env = sync_env(fake, VQG_COLD_START_ADMIT_TOKENS="0", VQG_UNSEEN_DAY_TOKENS="200000",
+                       VQG_LAG_FLOOR_MINUTES="1",
                        VQG_SMALL_BUFFER="10000", VQG_SYNC_INTERVAL_MINUTES="1")
         proxy = start_proxy(tmp_path_factory.mktemp("state"), fake, store.url,
                             f"vqgtest-state-{uuid.uuid4().hex[:8]}", env=env)

@@ -139,9 +139,9 @@ def sync_env(fake: FakeVolcengine, **extra: str) -> dict[str, str]:
     """Proxy env for a running billing sync against the fake: fast polls, every account's keys."""
     env = {"VQG_SYNC_ENABLED": "true", "VQG_SYNC_POLL_SECONDS": "0.2",
            "VQG_BILLING_ENDPOINT": fake.url, "VQG_SMALL_BUFFER": "5000",
-           # The fake's accounts had no usage before the test: the first sync may serve at once
-           # (tests/faults/test_state_faults.py turns this off to test the cold-start hold).
-           "VQG_COLD_START_ADMIT_TOKENS": IDLE_ACCOUNT_ADMIT, **extra}
+           # The fake's accounts had no usage before the test: the first sync may serve at once,
+           # and nothing ran unseen (tests/faults/test_state_faults.py tests the production values).
+           "VQG_COLD_START_ADMIT_TOKENS": IDLE_ACCOUNT_ADMIT, "VQG_UNSEEN_DAY_TOKENS": "0", **extra}
     for account, (ak, sk) in ACCOUNTS.items():
         suffix = account.upper().replace("-", "_")
         env |= {f"VOLC_ACCESSKEY_{suffix}": ak, f"VOLC_SECRETKEY_{suffix}": sk}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from volc_quota_guard.limit import LimitState, PackageView, UsageView, assumed_lag_ms, compute_limit
 
 MIN = 60_000
@@ -164,15 +166,53 @@ def test_balance_drop_beyond_recorded_usage_is_flagged():
     assert r.free_total <= 1_700_000 + 100_000
 
 
-def test_an_unbelievable_lag_is_reported_not_adopted():
-    """A settled-through point hours back is flagged in the notes and does not raise Δ for a week."""
+def test_a_lag_of_hours_behind_an_anchor_drops_the_anchor():
+    """A settled-through point hours behind the anchor more likely means the anchor is low (an
+    expiry shift): it is flagged, kept only as a bound of F, and no lag is taken from it."""
     state = LimitState(packages=(("p1", 1_000_000),), anchor_free_total=1_500_000,
                        anchor_ms=T - 20 * 60 * MIN, last_sync_ms=T - 10 * MIN)
     # Steady usage for 6 hours; the balance says only 100,000 was ever settled (5 h 40 min ago).
     points = {m: 100_000 + (360 - m) * 1_000 for m in range(0, 360, 5)}
     r = limit([PackageView("p1", 1_400_000, None)], usage(points, lifetime=460_000, inflight=1), state=state)
-    assert r.lag_observed_ms is None and r.state.lags == ()
-    assert any("behind our usage" in n for n in r.notes)
+    assert r.state.anchor_free_total is None and r.free_total <= 1_500_000
+    assert any("behind the anchor" in n for n in r.notes)
+
+
+def steady(hours: int, per_minute: int, now: int) -> UsageView:
+    """Usage of `per_minute` every minute for `hours` up to `now` (lifetime from 0)."""
+    span = hours * 60
+    return UsageView(tuple((now // MIN - ago, (span - ago) * per_minute) for ago in range(span, -1, -1)),
+                     0, span * per_minute, 0)
+
+
+def test_a_quiet_stretch_shorter_than_the_assumed_lag_gives_no_anchor():
+    """The API was seen 150 minutes behind; two quiet hours then prove nothing — the last half
+    hour before them is unsettled still (the api-lag-150-min scenario: billed 205,000)."""
+    state = LimitState(lags=((T - 60 * MIN, 150 * MIN),), last_sync_ms=T - 10 * MIN)
+    view = usage({300: 0, 200: 300_000, 130: 400_000, 1: 400_000}, lifetime=400_000)
+    r = limit([PackageView("p1", 1_700_000, None)], view, state=state)
+    assert assumed_lag_ms(state, T, FLOOR) > 180 * MIN
+    assert r.state.anchor_free_total is None
+    assert r.free_total <= 1_700_000 + 300_000  # Bal + U(t − Δ_assumed), not Bal + U(now)
+    # Quiet for longer than Δ_assumed, it anchors.
+    long_quiet = usage({400: 0, 300: 400_000, 1: 400_000}, lifetime=400_000)
+    anchored = limit([PackageView("p1", 1_600_000, None)], long_quiet, state=state)
+    assert anchored.state.anchor_free_total == 2_000_000
+
+
+def test_a_lag_of_hours_against_the_upper_bound_is_planned_around():
+    """No anchor; the lowest upper bound of F says the API is 6 hours behind (an incident at
+    Volcengine). That is a lower bound of the true lag however long: adopted, never disbelieved
+    (fuzz seed 12: a 445-minute lag dropped as unbelievable burned 1,429,499)."""
+    start = T - 8 * 60 * MIN
+    first = limit([PackageView("p1", 3_000_000, None)], usage({481: 0}, lifetime=0, inflight=1_000),
+                  now=start)
+    assert first.state.upper_free_total == 3_001_000
+    view = steady(8, 1_000, T)  # 480,000 over 8 hours
+    r = limit([PackageView("p1", 3_000_000 - 120_000, None)], view, state=first.state)
+    assert r.lag_observed_ms is not None and r.lag_observed_ms >= 5 * 60 * MIN
+    assert r.lag_assumed_ms >= 6 * 60 * MIN
+    assert r.free_total <= 3_000_000
 
 
 def test_a_package_run_dry_means_billing_an_expired_one_does_not():
@@ -196,3 +236,60 @@ def test_a_package_run_dry_means_billing_an_expired_one_does_not():
 
     expired = limit([PackageView("old", 0, None)], view, state=first.state, now=T + 10 * MIN)
     assert not expired.billing
+
+
+def young(packages, view, state=EMPTY, now=T, hist=T, unseen=200_000):
+    """A limit on a history that began at `hist` (a first start), the operator's unseen bound on."""
+    return compute_limit(now_ms=now, packages=packages, usage=view, state=state, lag_floor_ms=FLOOR,
+                         small_buffer=50_000, daily_cap=2_000_000, max_age_ms=90 * MIN,
+                         evict_below=1_000, history_start_ms=hist, unseen_tokens=unseen)
+
+
+def test_a_young_history_keeps_unseen_usage_off_the_wall_until_the_api_settles_past_it():
+    """180,000 tokens ran on Ark just before a first start and the API is 5 hours behind: the
+    hold (20 min) ends with none of it shown. The wall keeps the 200,000 unseen bound off — the
+    prior-usage-long-lag scenario billed 124,400 without it — until the API has settled more
+    than the bound since the history began (then some of ours is settled, and all before it)."""
+    first = young([PackageView("p1", 600_000, None)], usage({1: 0}, lifetime=0))
+    assert first.held_until_ms == T + 20 * MIN and first.state.unseen_ref == 600_000
+    later = T + 30 * MIN
+    view = steady(0, 0, later)  # nothing of ours ran yet
+    r = young([PackageView("p1", 600_000, None)], view, state=first.state, now=later)
+    assert r.held_until_ms == 0 and r.unseen == 200_000
+    assert r.snapshot.expiring == 200_000  # kept off the wall with what expires
+    wall = r.snapshot.balance + r.snapshot.settled_usage - r.snapshot.expiring - r.snapshot.small_buffer
+    assert wall <= 600_000 - 180_000 - 50_000
+    # Without the bound (an account the operator knows was idle), the old wall: it would bill.
+    idle = young([PackageView("p1", 600_000, None)], view, state=first.state, now=later, unseen=0)
+    assert idle.unseen == 0 and idle.snapshot.expiring == 0
+
+    # The API settles 150,000 we cannot have run (we ran 40,000): at most 50,000 + 40,000 pending.
+    then = later + 60 * MIN
+    ours = usage({50: 0, 40: 40_000, 1: 40_000}, lifetime=40_000)
+    part = young([PackageView("p1", 450_000, None)], ours, state=r.state, now=then)
+    assert part.unseen == 200_000 - 150_000 + 40_000
+    # More than the bound settled since the history began: nothing unseen is pending any more.
+    done = young([PackageView("p1", 390_000, None)], ours, state=part.state, now=then + 10 * MIN)
+    assert done.unseen == 0 and done.state.unseen_ref is None
+    assert any("210,000 tokens since the history began" in n for n in done.notes)
+
+
+def test_a_young_history_too_small_to_prove_itself_ends_after_hours():
+    """A pool whose balance cannot show more than the bound settled gets the unseen tokens back
+    after YOUNG_MS (4 h), or twice Δ_assumed where a longer lag was seen; a new package moves
+    the reference with the free total, so its arrival proves nothing."""
+    first = young([PackageView("p1", 150_000, None)], usage({1: 0}, lifetime=0))
+    view = usage({1: 0}, lifetime=0)
+    added = young([PackageView("p1", 150_000, None), PackageView("p2", 500_000, None, total=500_000)],
+                  view, state=first.state, now=T + 60 * MIN)
+    assert added.unseen == 200_000 and added.state.unseen_ref == 650_000
+    still = young([PackageView("p1", 150_000, None), PackageView("p2", 500_000, None, total=500_000)],
+                  view, state=added.state, now=T + 239 * MIN)
+    assert still.unseen == 200_000
+    over = young([PackageView("p1", 150_000, None), PackageView("p2", 500_000, None, total=500_000)],
+                 view, state=still.state, now=T + 240 * MIN)
+    assert over.unseen == 0 and over.state.unseen_ref is None
+    seen_long = replace(still.state, lags=((T + 200 * MIN, 180 * MIN),))
+    longer = young([PackageView("p1", 150_000, None), PackageView("p2", 500_000, None, total=500_000)],
+                   view, state=seen_long, now=T + 240 * MIN)
+    assert longer.lag_assumed_ms > 120 * MIN and longer.unseen == 200_000

@@ -71,7 +71,7 @@ class Snapshot:
 
     balance: int  # balance_at_sync: free tokens the API reported
     settled_usage: int  # usage_at_sync: our lifetime usage the API had most likely settled
-    expiring: int  # free tokens that expire before `valid_until_ms`
+    expiring: int  # kept off the wall: expiring before `valid_until_ms`, or used unseen (limit.py)
     small_buffer: int
     daily_cap: int
     valid_until_ms: int

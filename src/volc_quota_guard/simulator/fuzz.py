@@ -7,7 +7,8 @@ under- or over-counts (`estimate_ratio` 0.6–1.4), concurrency 1–32, duration
 without `max_tokens`, sometimes without usage; some runs get a wave of a class the tokenizer
 counts far low (`estimate_ratio` 0.34–0.6, down to 1 / the correction's ceiling: images, another
 tokenizer) that no settle has measured yet, 8–32 at a time; some runs start on an account that was in use
-(`prior_usage` the guard never saw, up to 180,000 tokens in the last 0–30 min) and some lose the
+(`prior_usage` the guard never saw, up to 180,000 tokens in the last 0–30 min; half of those
+under a lag of 21-300 min with traffic that would spend the pool right after the hold) and some lose the
 guard's store at a time of day 1 (`wipe_at`). Pool sizes and the daily cap are drawn around the
 traffic's volume, so most runs reach a wall. Request counts are kept small (a few hundred) so a
 few hundred scenarios run in a minute.
@@ -118,9 +119,53 @@ def scenario_dict(seed: int) -> dict[str, object]:
     out.update(_history(seed, start, packages, daily_cap))
     _shapes(seed, out)
     _unmeasured_wave(seed, out, start.hour * 60)
+    _busy_first_start(seed, out, start)
     _exact_counts(seed, out)
     _ark_api_counts(seed, out)
+    _lag_incident(seed, out, start.hour * 60)
     return out
+
+
+def _busy_first_start(seed: int, scenario: dict[str, object], start: datetime) -> None:
+    """A first start on an account in use until a moment ago, under a lag longer than the
+    guard's floor, from a generator of its own: what ran unseen is still unsettled when the
+    hold ends, and traffic from then on would spend the whole pool inside the lag."""
+    rng = random.Random(f"first-start-{seed}")
+    prior = scenario.get("prior_usage")
+    packages: list[dict[str, object]] = scenario["packages"]  # type: ignore[assignment]
+    free = sum(int(str(p["amount"])) for p in packages
+               if datetime.fromisoformat(str(p["acquired"])) <= start)
+    room = min(180_000, int(str(scenario["daily_cap"])) // 2, int(free * 0.9))
+    if rng.random() < 0.5 or not isinstance(prior, dict) or room < 60_000:
+        return
+    prior["tokens"] = rng.randint(60_000, room)  # more than SMALL_BUFFER can absorb
+    scenario["settlement_lag_minutes"] = _log_uniform(rng, 21, 300)
+    begin = start.hour * 60 + rng.randint(21, 40)
+    span = rng.randint(20, 90)
+    requests = rng.randint(60, 200)
+    concurrency = rng.choice([1, 2, 4, 8])
+    size = max(500, int(free * rng.uniform(1.0, 2.0) / requests))
+    scenario["traffic"].append({  # type: ignore[attr-defined]
+        "from": _hhmm(begin), "to": _hhmm(min(24 * 60 - 1, begin + span)),
+        "every_seconds": round(span * 60 * concurrency / requests, 1), "concurrency": concurrency,
+        "prompt": size * 4 // 5, "completion": size // 5, "estimate_ratio": round(rng.uniform(0.8, 1.2), 2),
+        "duration_seconds": rng.choice([5, 20, 60])})
+
+
+def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:
+    """A balance API hours behind, from a generator of its own: from the start (a lag the
+    guard's floor and quiet stretch do not cover), or an incident that pushes the lag to 1-8
+    hours for 1-8 hours of day 1 and ends (`lag_changes`)."""
+    rng = random.Random(f"lag-{seed}")
+    if rng.random() < 0.8:
+        return
+    if rng.random() < 0.4:
+        scenario["settlement_lag_minutes"] = _log_uniform(rng, 46, 480)
+        return
+    begin = rng.randrange(start_minute, 24 * 60 - 60)
+    end = min(24 * 60 - 1, begin + rng.randint(60, 480))
+    scenario["lag_changes"] = [{"at": _hhmm(begin), "minutes": _log_uniform(rng, 60, 480)},
+                               {"at": _hhmm(end), "minutes": scenario["settlement_lag_minutes"]}]
 
 
 def _exact_counts(seed: int, scenario: dict[str, object]) -> None:
