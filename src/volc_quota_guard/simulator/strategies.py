@@ -31,7 +31,7 @@ from ..fake.ledger import Ledger
 from ..gate import Gate
 from ..gate.keys import KeySpace
 from ..gate.store import connect
-from ..limit import LimitResult
+from ..limit import LimitResult, LimitState
 from ..sync import BURST_SPACING_MS, SyncService
 from ..volcengine.billing import ResourcePackage
 from ..volcengine.packages import PoolSpec
@@ -309,7 +309,10 @@ class GuardStrategy:
         field = partial(self.gate.records.state_int, POOL)
         if not field("snap_at") or field("hold_until") > now:  # no state yet (a wipe), or held
             return True
-        return field("day_margin") > 0 and field("day_lost") == beijing_day(now)
+        if field("day_margin") > 0 and field("day_lost") == beijing_day(now):
+            return True
+        # Young: the unseen bound is kept off the balance wall (limit.py)
+        return LimitState.from_json(self.gate.records.limit_state(POOL)).unseen_ref is not None
 
 
 # ---------------------------------------------------------------------- the seed's formulas
