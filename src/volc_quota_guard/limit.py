@@ -30,7 +30,9 @@ first start cannot know. So a new generation also keeps `unseen_tokens` (the ope
 what ran unseen, VQG_UNSEEN_DAY_TOKENS) off the wall, less what the API settled since the history
 began beyond all our own usage, until it settled more than the bound: then some of our own usage
 is settled, and everything older with it. Without that proof (a pool too small to show it) the
-allowance ends after YOUNG_MS or 2 × Δ_assumed.
+allowance ends after YOUNG_MS (a longer lag is not planned for). While young no quiet stretch
+anchors, the lag observer takes what may be unseen usage off what the API settled, and when it
+ends the free-total estimates start afresh (each may hold unseen usage the API had not shown).
 
 Billing: the API's balance lags consumption, so it is never below the true one. A balance of 0
 reached by a package running dry (it had tokens at the last sync and shows 0 now, still listed:
@@ -58,7 +60,8 @@ LAG_BELIEVABLE_MS = 4 * 60 * MINUTE_MS  # a longer "lag" is a broken anchor, not
 # The day's count trusts the API to have settled everything older than Δ_assumed plus this: the
 # daily cap has no SMALL_BUFFER to absorb a lag longer than assumed (the floor's 20 min -> 1 h).
 DAY_LAG_PAD_MS = 40 * MINUTE_MS
-YOUNG_MS = 4 * 60 * MINUTE_MS  # a young history's unseen allowance ends by then without proof
+# Without proof, a young history's unseen allowance ends by then (the fuzz's longest lag, 480 min).
+YOUNG_MS = 8 * 60 * MINUTE_MS
 
 
 @dataclass(frozen=True)
@@ -219,10 +222,16 @@ def compute_limit(
                         upper_free_total=None)
 
     history_ms = now_ms - history_start_ms
+    state = _young_ends(state, balance, unseen_tokens, history_ms, notes)
+    # The most of what the API settled since a young history began that can be unseen usage:
+    # read as ours, it would make the lag look shorter than it is.
+    unseen_settled = 0 if state.unseen_ref is None else \
+        min(unseen_tokens, max(0, state.unseen_ref - balance))
     # Quiet for longer than any lag we know of: the API has settled all our usage. A quiet
-    # stretch shorter than Δ_assumed proves nothing (a 150-min lag under a 2-hour quiet billed).
+    # stretch shorter than Δ_assumed proves nothing (a 150-min lag under a 2-hour quiet billed),
+    # and neither does one in a young history (what ran unseen may be settling still).
     quiet_ms = max(QUIET_MS, assumed_lag_ms(state, now_ms, lag_floor_ms))
-    quiet = (usage.inflight == 0 and history_ms >= quiet_ms
+    quiet = (usage.inflight == 0 and history_ms >= quiet_ms and state.unseen_ref is None
              and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage)
     if quiet:
         state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms)
@@ -255,7 +264,10 @@ def compute_limit(
         # F is at most the bound, so the API settled at least the bound less the balance: the
         # lag found is a lower bound of the true one however long it is. A lag of hours (an
         # incident at Volcengine) is planned around, never disbelieved: that would bill.
-        observed = _lag_behind(usage, state.upper_free_total - balance, state.upper_ms, now_ms)
+        # The search starts where the history does, not where this bound was taken: a later,
+        # lower bound must not forget that our earliest usage is still unsettled.
+        observed = _lag_behind(usage, state.upper_free_total - balance - unseen_settled,
+                               history_start_ms, now_ms)
     if observed is not None:
         state = replace(state, lags=(*state.lags, (now_ms, observed))[-50:])
 
@@ -278,7 +290,7 @@ def compute_limit(
     # estimates undershoot by the traffic between Δ_assumed and the true lag.
     free_total = lowest if state.anchor_free_total is None else state.anchor_free_total
     settled_usage = max(0, free_total - balance)
-    state, unseen = _young(state, balance, unseen_tokens, usage, history_ms, lag, notes)
+    unseen = _unseen_pending(state, balance, unseen_tokens, usage)
 
     valid_until = now_ms + max_age_ms
     # Expiry: what the API still shows in packages that expire before the snapshot does is
@@ -297,23 +309,35 @@ def compute_limit(
                        history_start_ms=history_start_ms, unseen=unseen)
 
 
-def _young(state: LimitState, balance: int, unseen_tokens: int, usage: UsageView, history_ms: int,
-           lag_ms: int, notes: list[str]) -> tuple[LimitState, int]:
-    """What to keep off the wall for usage that ran unseen before the history began: at most
-    `unseen_tokens`, less what the API settled since that cannot be ours (we ran no more)."""
-    if state.unseen_ref is None or unseen_tokens <= 0:
-        return state, 0
+def _young_ends(state: LimitState, balance: int, unseen_tokens: int, history_ms: int,
+                notes: list[str]) -> LimitState:
+    """A young history ends once the API settled more than the unseen bound since it began (time
+    order: some of it is ours, so all before is settled) or after YOUNG_MS. The
+    estimates taken while young may hold unseen usage the API had not shown: they start afresh."""
+    if state.unseen_ref is None:
+        return state
     settled = state.unseen_ref - balance
-    if settled > unseen_tokens:
+    if unseen_tokens <= 0:
+        pass  # the operator says nothing ran unseen
+    elif settled > unseen_tokens:
         notes.append(f"the balance API settled {settled:,} tokens since the history began, more than "
                      f"the {unseen_tokens:,} assumed unseen: none of them is pending any more")
-    elif history_ms >= max(YOUNG_MS, 2 * lag_ms):
+    elif history_ms >= YOUNG_MS:
         notes.append(f"the history is {history_ms // MINUTE_MS} min old: the {unseen_tokens:,} tokens "
                      "assumed unseen are taken as settled")
     else:
-        ours = usage.lifetime_usage + usage.inflight  # the most of ours the API can have settled
-        return state, max(0, min(unseen_tokens, unseen_tokens - settled + ours))
-    return replace(state, unseen_ref=None), 0
+        return state
+    return replace(state, unseen_ref=None, lowest_free_total=None, anchor_free_total=None,
+                   upper_free_total=None)
+
+
+def _unseen_pending(state: LimitState, balance: int, unseen_tokens: int, usage: UsageView) -> int:
+    """What to keep off the wall while young: at most `unseen_tokens`, less what the API settled
+    since the history began that cannot be ours (we ran no more)."""
+    if state.unseen_ref is None or unseen_tokens <= 0:
+        return 0
+    ours = usage.lifetime_usage + usage.inflight  # the most of ours the API can have settled
+    return max(0, min(unseen_tokens, unseen_tokens - (state.unseen_ref - balance) + ours))
 
 
 def _lag_behind(usage: UsageView, settled: int, since_ms: int, now_ms: int) -> int | None:
