@@ -148,6 +148,14 @@ class UsageView:
         i = bisect.bisect_right(self.minutes, (ms // MINUTE_MS - 1, float("inf")))
         return self.minutes[i - 1][1] if i else self.floor
 
+    def first_reaching(self, tokens: int) -> int | None:
+        """Start (ms) of the first minute whose recorded usage (a reservation kept whole counted
+        in full: never later than the truth) reaches `tokens`; None before the read."""
+        for minute, used in self.minutes:
+            if used >= tokens:
+                return minute * MINUTE_MS
+        return None
+
     def first_above(self, tokens: int, since_ms: int) -> int | None:
         """End (ms) of the first minute from `since_ms` whose surely-run usage (measured, not a
         reservation kept whole) exceeds `tokens`: the API cannot have settled it yet."""
@@ -222,11 +230,7 @@ def compute_limit(
                         upper_free_total=None)
 
     history_ms = now_ms - history_start_ms
-    state = _young_ends(state, balance, unseen_tokens, history_ms, notes)
-    # The most of what the API settled since a young history began that can be unseen usage:
-    # read as ours, it would make the lag look shorter than it is.
-    unseen_settled = 0 if state.unseen_ref is None else \
-        min(unseen_tokens, max(0, state.unseen_ref - balance))
+    state = _young_ends(state, balance, unseen_tokens, usage, now_ms, history_start_ms, notes)
     # Quiet for longer than any lag we know of: the API has settled all our usage. A quiet
     # stretch shorter than Δ_assumed proves nothing (a 150-min lag under a 2-hour quiet billed),
     # and neither does one in a young history (what ran unseen may be settling still).
@@ -266,8 +270,7 @@ def compute_limit(
         # incident at Volcengine) is planned around, never disbelieved: that would bill.
         # The search starts where the history does, not where this bound was taken: a later,
         # lower bound must not forget that our earliest usage is still unsettled.
-        observed = _lag_behind(usage, state.upper_free_total - balance - unseen_settled,
-                               history_start_ms, now_ms)
+        observed = _lag_behind(usage, state.upper_free_total - balance, history_start_ms, now_ms)
     if observed is not None:
         state = replace(state, lags=(*state.lags, (now_ms, observed))[-50:])
 
@@ -289,8 +292,12 @@ def compute_limit(
     # The anchor is exact (nothing was unsettled when it was taken); the lag-compensated
     # estimates undershoot by the traffic between Δ_assumed and the true lag.
     free_total = lowest if state.anchor_free_total is None else state.anchor_free_total
+    unseen = 0
+    if state.unseen_ref is not None:
+        # Young: F = the first balance less what was unseen and unsettled then, whatever the lag.
+        free_total = min(free_total, state.unseen_ref - unseen_tokens)
+        unseen = max(0, balance - free_total)  # the balance may still show it: keep it off
     settled_usage = max(0, free_total - balance)
-    unseen = _unseen_pending(state, balance, unseen_tokens, usage)
 
     valid_until = now_ms + max_age_ms
     # Expiry: what the API still shows in packages that expire before the snapshot does is
@@ -309,35 +316,38 @@ def compute_limit(
                        history_start_ms=history_start_ms, unseen=unseen)
 
 
-def _young_ends(state: LimitState, balance: int, unseen_tokens: int, history_ms: int,
-                notes: list[str]) -> LimitState:
+def _young_ends(state: LimitState, balance: int, unseen_tokens: int, usage: UsageView, now_ms: int,
+                history_start_ms: int, notes: list[str]) -> LimitState:
     """A young history ends once the API settled more than the unseen bound since it began (time
-    order: some of it is ours, so all before is settled) or after YOUNG_MS. The
-    estimates taken while young may hold unseen usage the API had not shown: they start afresh."""
+    order: some of it is ours, so all before is settled) or after YOUNG_MS; from then on quiet
+    stretches anchor again. Its bound stays the lowest estimate's ceiling: the estimates it saw
+    may hold unseen usage the API had not shown, and the lags read then may be short (unseen
+    usage settling looks like ours)."""
     if state.unseen_ref is None:
         return state
     settled = state.unseen_ref - balance
     if unseen_tokens <= 0:
-        pass  # the operator says nothing ran unseen
-    elif settled > unseen_tokens:
+        return replace(state, unseen_ref=None)  # the operator says nothing ran unseen
+    lags = state.lags
+    if settled > unseen_tokens:
+        # At least `settled − bound` of ours is settled: the API is at most this far behind.
+        reached = usage.first_reaching(settled - unseen_tokens)
+        at_most = now_ms - (history_start_ms if reached is None else reached)
+        # Stored so that Δ_assumed (worst × margin + pad) is this bound, not more: it is no
+        # lower bound to pad, and more would hold the pool until the history covers it.
+        as_observed = max(0, int((at_most - LAG_PAD_MS) / LAG_MARGIN))
+        lags = (*lags, (now_ms, as_observed))[-50:]
         notes.append(f"the balance API settled {settled:,} tokens since the history began, more than "
-                     f"the {unseen_tokens:,} assumed unseen: none of them is pending any more")
-    elif history_ms >= YOUNG_MS:
-        notes.append(f"the history is {history_ms // MINUTE_MS} min old: the {unseen_tokens:,} tokens "
-                     "assumed unseen are taken as settled")
+                     f"the {unseen_tokens:,} assumed unseen: none of them is pending any more, and "
+                     f"the API is at most {at_most // MINUTE_MS} min behind")
+    elif now_ms - history_start_ms >= YOUNG_MS:
+        notes.append(f"the history is {(now_ms - history_start_ms) // MINUTE_MS} min old: the "
+                     f"{unseen_tokens:,} tokens assumed unseen are taken as settled")
     else:
         return state
-    return replace(state, unseen_ref=None, lowest_free_total=None, anchor_free_total=None,
-                   upper_free_total=None)
-
-
-def _unseen_pending(state: LimitState, balance: int, unseen_tokens: int, usage: UsageView) -> int:
-    """What to keep off the wall while young: at most `unseen_tokens`, less what the API settled
-    since the history began that cannot be ours (we ran no more)."""
-    if state.unseen_ref is None or unseen_tokens <= 0:
-        return 0
-    ours = usage.lifetime_usage + usage.inflight  # the most of ours the API can have settled
-    return max(0, min(unseen_tokens, unseen_tokens - (state.unseen_ref - balance) + ours))
+    bound = state.unseen_ref - unseen_tokens
+    lowest = bound if state.lowest_free_total is None else min(state.lowest_free_total, bound)
+    return replace(state, unseen_ref=None, lowest_free_total=lowest, anchor_free_total=None, lags=lags)
 
 
 def _lag_behind(usage: UsageView, settled: int, since_ms: int, now_ms: int) -> int | None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from volc_quota_guard.limit import LimitState, PackageView, UsageView, assumed_lag_ms, compute_limit
 
 MIN = 60_000
@@ -263,15 +261,21 @@ def test_a_young_history_keeps_unseen_usage_off_the_wall_until_the_api_settles_p
     idle = young([PackageView("p1", 600_000, None)], view, state=first.state, now=later, unseen=0)
     assert idle.unseen == 0 and idle.snapshot.expiring == 0
 
-    # The API settles 150,000 we cannot have run (we ran 40,000): at most 50,000 + 40,000 pending.
+    # The API settles 150,000 (unseen or ours, it cannot say): the free total is still at most
+    # the first balance less the bound, whatever the lag — kept off the balance it sees.
     then = later + 60 * MIN
-    ours = usage({50: 0, 40: 40_000, 1: 40_000}, lifetime=40_000)
+    ours = UsageView(tuple((T // MIN + 30 + i, 4_000 * i) for i in range(11)), 0, 40_000, 0)
     part = young([PackageView("p1", 450_000, None)], ours, state=r.state, now=then)
-    assert part.unseen == 200_000 - 150_000 + 40_000
-    # More than the bound settled since the history began: nothing unseen is pending any more.
+    assert part.free_total == 400_000 and part.unseen == 50_000
+    # More than the bound settled since the history began: nothing unseen is pending any more,
+    # and at least 10,000 of ours is settled (reached in the minute from T+33), so the API is at
+    # most 67 min behind: Δ_assumed is that bound, no more (more would hold the pool again).
     done = young([PackageView("p1", 390_000, None)], ours, state=part.state, now=then + 10 * MIN)
-    assert done.unseen == 0 and done.state.unseen_ref is None
-    assert any("210,000 tokens since the history began" in n for n in done.notes)
+    assert done.unseen == 0 and done.state.unseen_ref is None and done.held_until_ms == 0
+    assert any("210,000 tokens since the history began" in n and "at most 67 min" in n
+               for n in done.notes)
+    assert 66 * MIN <= done.lag_assumed_ms <= 67 * MIN
+    assert done.free_total <= 400_000  # the bound stays the lowest estimate's ceiling
 
 
 def test_a_young_history_too_small_to_prove_itself_ends_after_hours():
@@ -293,26 +297,22 @@ def test_a_young_history_too_small_to_prove_itself_ends_after_hours():
 def test_what_a_young_history_saw_does_not_outlive_it():
     """Red-team findings on the first young-history rule (billed 67,300-130,000 with unseen usage
     under the bound and lags of 2-3.3 h): while young, a quiet stretch takes no exact anchor (the
-    balance may still hold the unseen usage); the lag observer does not read unseen usage settling
-    as ours; and when the history stops being young the free-total estimates start afresh."""
+    balance may still hold the unseen usage), the free total is at most the first balance less
+    the bound whatever the lag, and that bound stays the lowest estimate's ceiling after."""
     first = young([PackageView("p1", 480_000, None)], usage({1: 0}, lifetime=0))
     # Three quiet hours with nothing of ours: no anchor while young (the balance is 180k high).
     quiet = young([PackageView("p1", 480_000, None)], usage({1: 0}, lifetime=0), state=first.state,
                   now=T + 180 * MIN)
-    assert quiet.state.anchor_free_total is None and quiet.unseen == 200_000
-    # Our 1,000 a minute from T+180; the API settles 150,000 of the unseen usage meanwhile and
-    # none of ours: read as ours it would say ~30 min of lag, but nothing of ours can be shown.
+    assert quiet.state.anchor_free_total is None and quiet.free_total == 280_000
+    assert quiet.snapshot.balance - quiet.snapshot.expiring == 280_000
+    # Our 1,000 a minute from T+180 while the API settles 150,000 of the unseen usage: read as
+    # ours it says the API is barely behind; the bound does not depend on it.
     later = T + 300 * MIN
     points = {m: (120 - m) * 1_000 for m in range(0, 120)}
     view = UsageView(tuple(sorted(((later // MIN) - ago, u) for ago, u in points.items())), 0,
                      lifetime_usage=120_000, inflight=0)
     r = young([PackageView("p1", 330_000, None)], view, state=quiet.state, now=later)
-    assert r.lag_observed_ms is not None and r.lag_observed_ms >= 115 * MIN  # since our first minute
-    assert r.unseen == 200_000 - 150_000 + 120_000
-    # The API shows more than the bound settled: the history is not young, and the estimates
-    # (taken while it was) start afresh from this sync's.
-    assert r.state.lowest_free_total is not None
+    assert r.free_total <= 280_000
+    # Young ends; a later quiet stretch may anchor again (the state is no longer young).
     done = young([PackageView("p1", 270_000, None)], view, state=r.state, now=later + 10 * MIN)
-    assert done.state.unseen_ref is None and done.unseen == 0
-    assert done.state.upper_free_total == 270_000 + 120_000
-    assert done.free_total <= 270_000 + 120_000
+    assert done.state.unseen_ref is None and done.state.lowest_free_total <= 280_000
