@@ -98,6 +98,7 @@ class LimitState:
     # The balance at this generation's first sync (moved with package changes like F): the API
     # has settled at most this less the balance since the history began. None = not young.
     unseen_ref: int | None = None
+    unseen_bound: int = 0  # ... and the most that may have run unseen then, not yet settled
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -123,6 +124,7 @@ class LimitState:
             billing_since_ms=int(raw.get("billing_since_ms") or 0),
             generation=int(raw.get("generation") or 0),
             unseen_ref=optional_int(raw.get("unseen_ref")),
+            unseen_bound=int(raw.get("unseen_bound") or 0),
         )
 
 
@@ -209,14 +211,15 @@ def compute_limit(
 ) -> LimitResult:
     """The pool's snapshot. `history_start_ms` is where our usage timeline begins (the state's
     hist_at; 1 = long ago): before it covers Δ_assumed the snapshot holds the pool, letting
-    lifetime usage reach at most `cold_start_admit`; while the history is young the wall keeps
-    `unseen_tokens` off."""
+    lifetime usage reach at most `cold_start_admit`; a new history is young: it keeps
+    `unseen_tokens` (what may have run unseen, not settled, before it began) off the free total."""
     balance = sum(p.available for p in packages)
     notes: list[str] = []
     if state.generation != history_start_ms and (state.generation, history_start_ms) != (0, 1):
         # Estimates of another generation are in another generation's lifetime coordinates;
         # what was learned about the API's lag still holds.
-        state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance)
+        state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance,
+                           unseen_bound=unseen_tokens)
     before = dict(state.packages)
     previous = (before, state.gone, state.last_sync_ms)
     ran_dry = any(before.get(p.instance_no, 0) > 0 and p.available == 0 for p in packages)
@@ -230,7 +233,7 @@ def compute_limit(
                         upper_free_total=None)
 
     history_ms = now_ms - history_start_ms
-    state = _young_ends(state, balance, unseen_tokens, usage, now_ms, history_start_ms, notes)
+    state = _young_ends(state, balance, usage, now_ms, history_start_ms, lag_floor_ms, notes)
     # Quiet for longer than any lag we know of: the API has settled all our usage. A quiet
     # stretch shorter than Δ_assumed proves nothing (a 150-min lag under a 2-hour quiet billed),
     # and neither does one in a young history (what ran unseen may be settling still).
@@ -295,7 +298,7 @@ def compute_limit(
     unseen = 0
     if state.unseen_ref is not None:
         # Young: F = the first balance less what was unseen and unsettled then, whatever the lag.
-        free_total = min(free_total, state.unseen_ref - unseen_tokens)
+        free_total = min(free_total, state.unseen_ref - state.unseen_bound)
         unseen = max(0, balance - free_total)  # the balance may still show it: keep it off
     settled_usage = max(0, free_total - balance)
 
@@ -316,8 +319,8 @@ def compute_limit(
                        history_start_ms=history_start_ms, unseen=unseen)
 
 
-def _young_ends(state: LimitState, balance: int, unseen_tokens: int, usage: UsageView, now_ms: int,
-                history_start_ms: int, notes: list[str]) -> LimitState:
+def _young_ends(state: LimitState, balance: int, usage: UsageView, now_ms: int,
+                history_start_ms: int, lag_floor_ms: int, notes: list[str]) -> LimitState:
     """A young history ends once the API settled more than the unseen bound since it began (time
     order: some of it is ours, so all before is settled) or after YOUNG_MS; from then on quiet
     stretches anchor again. Its bound stays the lowest estimate's ceiling: the estimates it saw
@@ -325,7 +328,7 @@ def _young_ends(state: LimitState, balance: int, unseen_tokens: int, usage: Usag
     usage settling looks like ours)."""
     if state.unseen_ref is None:
         return state
-    settled = state.unseen_ref - balance
+    settled, unseen_tokens = state.unseen_ref - balance, state.unseen_bound
     if unseen_tokens <= 0:
         return replace(state, unseen_ref=None)  # the operator says nothing ran unseen
     lags = state.lags
@@ -335,8 +338,8 @@ def _young_ends(state: LimitState, balance: int, unseen_tokens: int, usage: Usag
         at_most = now_ms - (history_start_ms if reached is None else reached)
         # Stored so that Δ_assumed (worst × margin + pad) is this bound, not more: it is no
         # lower bound to pad, and more would hold the pool until the history covers it.
-        as_observed = max(0, int((at_most - LAG_PAD_MS) / LAG_MARGIN))
-        lags = (*lags, (now_ms, as_observed))[-50:]
+        if at_most > max(assumed_lag_ms(state, now_ms, lag_floor_ms), LAG_PAD_MS):
+            lags = (*lags, (now_ms, int((at_most - LAG_PAD_MS) / LAG_MARGIN)))[-50:]
         notes.append(f"the balance API settled {settled:,} tokens since the history began, more than "
                      f"the {unseen_tokens:,} assumed unseen: none of them is pending any more, and "
                      f"the API is at most {at_most // MINUTE_MS} min behind")

@@ -62,6 +62,9 @@ class Checkpoint:
     day: int  # Beijing day of `today`
     today: int  # today's usage + in-flight
     lags: tuple[tuple[int, int], ...] = ()  # the limit estimator's observed lags
+    # Lifetime usage + in flight the balance API may not show yet (less the last snapshot's
+    # settled estimate): what a new generation must assume ran unseen if the state goes now.
+    unsettled: int = 0
 
 
 def _hold_text(history_start: int, held_until: int) -> str:
@@ -163,7 +166,8 @@ class SyncService:
         ceiling = h["corr_max"] or 3 * PPM
         unmeasured = sum(max(0, -(-h[est] * ceiling // PPM) - h[f"{est}_res"])
                          for est in ("inflight_est", "inflight_xest"))
-        self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"] + unmeasured, lags)
+        self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"] + unmeasured, lags,
+                                            max(0, h["ucum"] + h["inflight"] + unmeasured - h["settled"]))
 
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
                     h: dict[str, int] | None = None) -> None:
@@ -258,7 +262,9 @@ class SyncService:
             lag_floor_ms=cfg.lag_floor_minutes * MINUTE_MS, small_buffer=cfg.small_buffer,
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * MINUTE_MS,
             evict_below=cfg.evict_below, history_start_ms=history_start,
-            cold_start_admit=cfg.cold_start_admit_tokens, unseen_tokens=cfg.unseen_day_tokens)
+            cold_start_admit=cfg.cold_start_admit_tokens,
+            # Lost under this process: its own usage the API had not shown is unseen too.
+            unseen_tokens=max(cfg.unseen_day_tokens, seen.unsettled if lost and seen else 0))
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,

@@ -258,7 +258,8 @@ def test_a_young_history_keeps_unseen_usage_off_the_wall_until_the_api_settles_p
     wall = r.snapshot.balance + r.snapshot.settled_usage - r.snapshot.expiring - r.snapshot.small_buffer
     assert wall <= 600_000 - 180_000 - 50_000
     # Without the bound (an account the operator knows was idle), the old wall: it would bill.
-    idle = young([PackageView("p1", 600_000, None)], view, state=first.state, now=later, unseen=0)
+    idle_first = young([PackageView("p1", 600_000, None)], usage({1: 0}, lifetime=0), unseen=0)
+    idle = young([PackageView("p1", 600_000, None)], view, state=idle_first.state, now=later, unseen=0)
     assert idle.unseen == 0 and idle.snapshot.expiring == 0
 
     # The API settles 150,000 (unseen or ours, it cannot say): the free total is still at most

@@ -179,7 +179,8 @@ class Gate:
     def history(self, pool: str) -> dict[str, int] | None:
         """The pool's generation and today's count, one read: None when the pool has no state."""
         names = ("hist_at", "hist_lost", "day", "day_usage", "inflight", "ucum", "inflight_est",
-                 "inflight_est_res", "inflight_xest", "inflight_xest_res", "corr_max", "snap_at")
+                 "inflight_est_res", "inflight_xest", "inflight_xest_res", "corr_max", "settled",
+                 "snap_at")
         keys = self.args.keys(pool)
         vals = _call(lambda: self.client.hmget(keys.state, names))
         if vals[-1] is None:
