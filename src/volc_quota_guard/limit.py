@@ -26,13 +26,13 @@ again, because the API has settled everything before the history began. The exac
 needs the history to cover the quiet stretch (and Δ_assumed) too.
 
 Young history: the hold covers what ran unseen only if the true lag is ≤ Δ_assumed, which a
-first start cannot know. So a new generation also keeps `unseen_tokens` (the operator's bound on
-what ran unseen, VQG_UNSEEN_DAY_TOKENS) off the wall, less what the API settled since the history
-began beyond all our own usage, until it settled more than the bound: then some of our own usage
-is settled, and everything older with it. Without that proof (a pool too small to show it) the
-allowance ends after YOUNG_MS (a longer lag is not planned for). While young no quiet stretch
-anchors, the lag observer takes what may be unseen usage off what the API settled, and when it
-ends the free-total estimates start afresh (each may hold unseen usage the API had not shown).
+first start cannot know. A new generation records its first balance and `A`, the most that may
+have run unseen and not settled by then (VQG_UNSEEN_DAY_TOKENS, or more for state lost under this
+process); F ≥ that balance − A whatever the lag, so the free total is capped there. Once the API
+has settled more than A since, some of it is ours and everything older is settled (time order),
+which also bounds the lag from above; without that proof (a pool too small to show it) young
+ends after YOUNG_MS. No quiet stretch anchors while young, and the cap stays the lowest
+estimate's ceiling after, until an exact anchor.
 
 Billing: the API's balance lags consumption, so it is never below the true one. A balance of 0
 reached by a package running dry (it had tokens at the last sync and shows 0 now, still listed:
