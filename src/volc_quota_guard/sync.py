@@ -63,8 +63,10 @@ class Checkpoint:
     today: int  # today's usage + in-flight
     lags: tuple[tuple[int, int], ...] = ()  # the limit estimator's observed lags
     # Lifetime usage + in flight the balance API may not show yet (less the last snapshot's
-    # settled estimate): what a new generation must assume ran unseen if the state goes now.
+    # settled estimate), and a young generation's own unseen bound: what a new generation must
+    # assume ran unseen if the state goes now.
     unsettled: int = 0
+    young: int = 0  # the generation's unseen bound while it is young (limit.py), else 0
 
 
 def _hold_text(history_start: int, held_until: int) -> str:
@@ -157,17 +159,21 @@ class SyncService:
         if seen is not None and seen.generation != gen:
             self._state_lost(pool, gen, seen, "its counters, usage timeline and snapshot "
                              "(another process recreated them)", h)
-        self._remember(pool, gen, h, seen.lags if seen and seen.generation == gen else ())
+        if seen is not None and seen.generation == gen:
+            self._remember(pool, gen, h, seen.lags, seen.young)
+        else:
+            self._remember(pool, gen, h, (), 0)
 
     def _remember(self, pool: str, gen: int, h: dict[str, int],
-                  lags: tuple[tuple[int, int], ...]) -> None:
+                  lags: tuple[tuple[int, int], ...], young: int) -> None:
         # In flight as a settle without usage would count it (its prompts at the miscount
         # ceiling, corr_max for both classes: never less): a wipe loses the reservations.
         ceiling = h["corr_max"] or 3 * PPM
         unmeasured = sum(max(0, -(-h[est] * ceiling // PPM) - h[f"{est}_res"])
                          for est in ("inflight_est", "inflight_xest"))
+        own = max(0, h["ucum"] + h["inflight"] + unmeasured - h["settled"])
         self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"] + unmeasured, lags,
-                                            max(0, h["ucum"] + h["inflight"] + unmeasured - h["settled"]))
+                                            own + young, young)
 
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
                     h: dict[str, int] | None = None) -> None:
@@ -276,7 +282,8 @@ class SyncService:
         if not exists and h is not None:
             self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
         if h is not None:
-            self._remember(pool, gen, h, result.state.lags)
+            young = result.state.unseen_bound if result.state.unseen_ref is not None else 0
+            self._remember(pool, gen, h, result.state.lags, young)
         today_usage = status.get("day_usage")
         b0 = result.free_total - (usage.lifetime_usage - today_usage)
         observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // MINUTE_MS}min"
