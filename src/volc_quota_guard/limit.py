@@ -87,10 +87,9 @@ class LimitState:
     lowest_free_total: int | None = None
     anchor_free_total: int | None = None
     anchor_ms: int = 0
-    # The lowest `balance + our usage + in flight` any sync saw (when): F can only be lower, so
+    # The lowest `balance + our usage + in flight` any sync saw: F can only be lower, so
     # the API cannot have settled more than it less the balance. Only the lag observer reads it.
     upper_free_total: int | None = None
-    upper_ms: int = 0
     lags: tuple[tuple[int, int], ...] = ()  # (observed at ms, lag ms)
     last_sync_ms: int = 0
     billing_since_ms: int = 0  # when a sync first found the free quota spent (0 = not billing)
@@ -118,7 +117,6 @@ class LimitState:
             anchor_free_total=optional_int(raw.get("anchor_free_total")),
             anchor_ms=int(raw.get("anchor_ms") or 0),
             upper_free_total=optional_int(raw.get("upper_free_total")),
-            upper_ms=int(raw.get("upper_ms") or 0),
             lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
             billing_since_ms=int(raw.get("billing_since_ms") or 0),
@@ -246,7 +244,7 @@ def compute_limit(
     # lower bound of the lag (a long lag must be seen before a lost state trusts Δ_assumed).
     upper = balance + usage.lifetime_usage + usage.inflight
     if state.upper_free_total is None or upper < state.upper_free_total:
-        state = replace(state, upper_free_total=upper, upper_ms=now_ms)
+        state = replace(state, upper_free_total=upper)
 
     observed: int | None = None
     external = False
