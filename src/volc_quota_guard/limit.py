@@ -9,8 +9,9 @@ balance lags our usage by Δ, so `U_settled = U(t − Δ)`. Estimates of F, all 
 
 - lag-compensated: `Bal + U(t − Δ_assumed)` with Δ_assumed ≥ the worst observed lag and the floor;
 - the lowest of those since the package set last changed (a quiet stretch makes it exact);
-- an exact anchor `Bal + U(now)`, taken when our usage has not moved for longer than any lag;
-  while it holds it is used as is. Usage outside the proxy (the balance falls by more than we
+- an exact anchor `Bal + U(now)`, taken when our usage has not moved for longer than any lag
+  (and, where usage nobody measured ran within LAG_CEILING_MS, the settled floor proves all of
+  it settled); while it holds it is used as is. Usage outside the proxy (the balance falls by more than we
   recorded) voids it; smaller outside usage is what SMALL_BUFFER is for.
 
 With an anchor, each later sync locates the API's settled-through point on our timeline: it lies
@@ -57,11 +58,10 @@ LAG_MEMORY_MS = 7 * 86_400_000  # observed lags are remembered a week
 LAG_MARGIN = 1.25  # Δ_assumed = worst observed × margin + 2 min
 LAG_PAD_MS = 2 * MINUTE_MS
 LAG_BELIEVABLE_MS = 4 * 60 * MINUTE_MS  # a longer "lag" is a broken anchor, not a lag
-# The day's count trusts the API to have settled everything older than Δ_assumed plus this: the
-# daily cap has no SMALL_BUFFER to absorb a lag longer than assumed (the floor's 20 min -> 1 h).
-DAY_LAG_PAD_MS = 40 * MINUTE_MS
-# Without proof, a young history's unseen allowance ends by then (the fuzz's longest lag, 480 min).
-YOUNG_MS = 8 * 60 * MINUTE_MS
+# The longest lag planned for without proof (the fuzz's longest, 480 min): a young history's
+# unseen allowance ends by then, and the day's count forgets what we counted before it.
+LAG_CEILING_MS = 8 * 60 * MINUTE_MS
+YOUNG_MS = LAG_CEILING_MS
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class LimitState:
     lowest_free_total: int | None = None
     anchor_free_total: int | None = None
     anchor_ms: int = 0
+    anchor_unsure: int = 0  # of the usage at the anchor, what was counted without a measurement
     # The lowest `balance + our usage + in flight` any sync saw: F can only be lower, so
     # the API cannot have settled more than it less the balance. Only the lag observer reads it.
     upper_free_total: int | None = None
@@ -98,6 +99,9 @@ class LimitState:
     # has settled at most this less the balance since the history began. None = not young.
     unseen_ref: int | None = None
     unseen_bound: int = 0  # ... and the most that may have run unseen then, not yet settled
+    # Our recorded lifetime usage at the API's settled-through point is at least this (negative:
+    # what ran before the history may be unsettled still); None = unknown. See `settled_floor`.
+    settled_floor: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -116,6 +120,7 @@ class LimitState:
             lowest_free_total=optional_int(raw.get("lowest_free_total")),
             anchor_free_total=optional_int(raw.get("anchor_free_total")),
             anchor_ms=int(raw.get("anchor_ms") or 0),
+            anchor_unsure=int(raw.get("anchor_unsure") or 0),
             upper_free_total=optional_int(raw.get("upper_free_total")),
             lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
@@ -123,6 +128,7 @@ class LimitState:
             generation=int(raw.get("generation") or 0),
             unseen_ref=optional_int(raw.get("unseen_ref")),
             unseen_bound=int(raw.get("unseen_bound") or 0),
+            settled_floor=optional_int(raw.get("settled_floor")),
         )
 
 
@@ -147,6 +153,11 @@ class UsageView:
         """Usage recorded up to the last complete minute before `ms` (never more than at `ms`)."""
         i = bisect.bisect_right(self.minutes, (ms // MINUTE_MS - 1, float("inf")))
         return self.minutes[i - 1][1] if i else self.floor
+
+    def unsure_at(self, ms: int) -> int:
+        """Of `usage_at(ms)`, what was counted without a measurement (0 before the read)."""
+        i = bisect.bisect_right(self.minutes, (ms // MINUTE_MS - 1, float("inf")))
+        return self.unsure[i - 1] if 0 < i <= len(self.unsure) else 0
 
     def first_reaching(self, tokens: int) -> int | None:
         """Start (ms) of the first minute whose recorded usage (a reservation kept whole counted
@@ -235,11 +246,20 @@ def compute_limit(
     # Quiet for longer than any lag we know of: the API has settled all our usage. A quiet
     # stretch shorter than Δ_assumed proves nothing (a 150-min lag under a 2-hour quiet billed),
     # and neither does one in a young history (what ran unseen may be settling still).
+    # The lag observer cannot see usage nobody measured: where some ran within LAG_CEILING_MS,
+    # a longer lag may have gone unseen (a 360-min lag incident after unreported usage, quiet for
+    # two hours, anchored 590,000 tokens high), so the API must be proven to have settled all of
+    # ours, by what the balance lost or by a quiet stretch longer than LAG_CEILING_MS.
+    floor = settled_floor(state, *previous, packages, usage, now_ms, history_start_ms)
+    unsure_now = usage.unsure[-1] if usage.unsure else 0
+    seen = unsure_now == usage.unsure_at(now_ms - LAG_CEILING_MS)
+    proven = floor is not None and floor >= usage.lifetime_usage
     quiet_ms = max(QUIET_MS, assumed_lag_ms(state, now_ms, lag_floor_ms))
     quiet = (usage.inflight == 0 and history_ms >= quiet_ms and state.unseen_ref is None
-             and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage)
+             and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage and (seen or proven))
     if quiet:
-        state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms)
+        state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms,
+                        anchor_unsure=unsure_now)
     # Where no quiet stretch gave an exact anchor, the lowest upper bound of F still places a
     # lower bound of the lag (a long lag must be seen before a lost state trusts Δ_assumed).
     upper = balance + usage.lifetime_usage + usage.inflight
@@ -254,7 +274,9 @@ def compute_limit(
             external = True  # the API settled more than we recorded: usage outside the proxy
             notes.append("balance fell by more than our recorded usage: usage outside the proxy?")
         else:
-            observed = _lag_behind(usage, settled, state.anchor_ms, now_ms)
+            # What ran since the anchor, measured, beyond what the API settled since: unsettled
+            # (usage counted whole before the anchor must not hide it: compare increments).
+            observed = _lag_behind(usage, settled - state.anchor_unsure, state.anchor_ms, now_ms)
             if observed is not None and observed > LAG_BELIEVABLE_MS:
                 # Hours behind an anchor more likely means the anchor is low (an expiry shift
                 # over-subtracted) than that the API is: keep it as a bound of F, not as exact,
@@ -306,7 +328,8 @@ def compute_limit(
     expiring = sum(p.available for p in packages
                    if p.expires_ms is not None and p.expires_ms <= valid_until)
     step, counted_from = day_step(now_ms, packages, usage, *previous, lag_ms=lag,
-                                  history_start_ms=history_start_ms)
+                                  floor_before=state.settled_floor, floor=floor)
+    state = replace(state, settled_floor=floor)
     snapshot = Snapshot(balance=balance, settled_usage=settled_usage, expiring=expiring + unseen,
                         small_buffer=small_buffer, daily_cap=daily_cap,
                         valid_until_ms=valid_until, evict_below=evict_below,
@@ -358,33 +381,71 @@ def _lag_behind(usage: UsageView, settled: int, since_ms: int, now_ms: int) -> i
     return None if unsettled_from is None else max(0, now_ms - unsettled_from)
 
 
+def settled_floor(state: LimitState, before: Mapping[str, int], gone: Sequence[str],
+                  previous_ms: int, packages: Sequence[PackageView], usage: UsageView,
+                  now_ms: int, history_start_ms: int) -> int | None:
+    """A lower bound of our recorded lifetime usage at the API's settled-through point, whatever
+    the lag (docs/limit.md, "The day's count"); None = unknown.
+
+    The API settles in time order, and our count of any stretch is at least what ran in it, so
+    each sync raises the last floor by the least the API can have settled since (what the
+    packages lost). A new history starts at −A: what ran unseen before it may settle first. One
+    floor rests on an assumption: the API is never further behind than LAG_CEILING_MS.
+    """
+    if not previous_ms:
+        chained: int | None = -state.unseen_bound
+    elif state.settled_floor is None:
+        chained = None
+    else:
+        chained = state.settled_floor + _least_settled(before, gone, packages)
+    aged_ms = now_ms - LAG_CEILING_MS
+    aged = usage.usage_before(aged_ms) if aged_ms >= history_start_ms else None
+    floors = [f for f in (chained, aged) if f is not None]
+    # Never above what we recorded: more settled is usage outside the proxy, not ours.
+    return min(max(floors), usage.lifetime_usage) if floors else None
+
+
 def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,
              before: Mapping[str, int], gone: Sequence[str], previous_ms: int, *, lag_ms: int,
-             history_start_ms: int) -> tuple[int | None, int | None]:
+             floor_before: int | None, floor: int | None) -> tuple[int | None, int | None]:
     """The day's count (docs/limit.md): the most the API can have settled since the previous
-    sync, and our lifetime usage Δ_assumed + DAY_LAG_PAD_MS ago; either None when unknown.
+    sync, and our lifetime usage at the API's settled-through point (at most); either None
+    when unknown.
 
     The gate chains the steps into an upper bound of today's consumption up to the API's
     settled-through point and adds what we counted since the second number (everything the
     API may not show yet), so usage we kept whole because nobody reported it (missing usage,
     expired reservations) leaves the daily cap's count once the API shows the day used less.
+    The second number is the proven floor (`settled_floor`), and never more than our usage
+    Δ_assumed ago: a lag longer than assumed must not shrink the count (a 357-min lag burned
+    a million tokens when the count trusted Δ_assumed alone).
     A step is the lower of two bounds: per package, what it lost (a new one: its size less what
     is left; one that left the list: all it last showed, expired or not), and what we counted
-    in the window the two settled-through points can lie in, plus what is in flight.
+    since the previous floor, plus what is in flight.
     """
-    reconcile = lag_ms + DAY_LAG_PAD_MS
-
-    def counted_at(ms: int) -> int | None:
-        # Our count since `ms` bounds what ran since only where our history and this read reach.
-        return None if ms < history_start_ms else usage.usage_before(ms)
-
-    counted_from = counted_at(now_ms - reconcile)
+    counted_from = None if floor is None or floor < 0 else floor
+    assumed = usage.usage_before(now_ms - lag_ms)
+    if counted_from is not None and assumed is not None:
+        counted_from = min(counted_from, assumed)
     if not previous_ms:
         return None, counted_from
-    window_from = counted_at(previous_ms - reconcile)
-    ours = None if window_from is None else usage.lifetime_usage - window_from + usage.inflight
+    ours = None if floor_before is None else max(0, usage.lifetime_usage - floor_before) + usage.inflight
     bounds = [b for b in (_settled_by_packages(before, gone, packages), ours) if b is not None]
     return (min(bounds) if bounds else None), counted_from
+
+
+def _least_settled(before: Mapping[str, int], gone: Sequence[str],
+                   packages: Sequence[PackageView]) -> int:
+    """The least the API settled since the previous sync: what the packages it listed then lost,
+    and a new package of known size its size less what is left (one that left the list may
+    have expired whole, and one back after leaving is not understood: nothing)."""
+    total = 0
+    for p in packages:
+        if p.instance_no in before:
+            total += max(0, before[p.instance_no] - p.available)
+        elif p.instance_no not in gone and p.total:
+            total += max(0, p.total - p.available)
+    return total
 
 
 def _settled_by_packages(before: Mapping[str, int], gone: Sequence[str],

@@ -32,6 +32,7 @@ from .config import Settings
 from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Decision, Gate
 from .limit import (
+    LAG_CEILING_MS,
     QUIET_MS,
     LimitResult,
     LimitState,
@@ -49,7 +50,6 @@ log = logging.getLogger("volc_quota_guard.sync")
 LOCK_MS = MINUTE_MS  # long enough for a paginated listing with retries
 BURST_SPACING_MS = MINUTE_MS  # burst syncs at most once a minute per account
 RETRY_MS = MINUTE_MS  # after a failed sync, try again this soon
-TIMELINE_WINDOW_MS = 6 * 3_600_000  # how much of the usage timeline a sync reads
 HOLD_SLACK_MS = 1_000  # the sync after a hold runs this long after its end (Redis's clock moved on)
 BILLING_EVENT = {"vqg_billing": True}  # marks 💸 and ⛔ lines: a finding about the pool, not a sync failure
 
@@ -257,7 +257,7 @@ class SyncService:
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
         # lower bound stays a lower bound when its search starts later).
         lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * MINUTE_MS)
-        since = now - max(TIMELINE_WINDOW_MS, lag + QUIET_MS)
+        since = now - max(lag + QUIET_MS, LAG_CEILING_MS)
         entries, floor = self.gate.timeline_entries(pool, since)
         usage = UsageView(tuple((m, used) for m, used, _ in entries), floor,
                           lifetime_usage=status.get("ucum"), inflight=status.get("inflight"),

@@ -36,9 +36,12 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """One pool with 300,000 free tokens, of which 150,300 ran straight on Ark just before the
     proxy started (the old setup); the proxy's guard runs with the production hold settings."""
+    # The API shows the unseen usage only after the first sync (a slow proxy start must not let
+    # it see the balance already lower: then nothing of the pool is provably free until the
+    # young history ends), then lags LAG_MINUTES.
+    ledger = Ledger(lag_minutes=30)
     with redis_server() as store, FakeVolcengine(
-            ACCOUNTS, ledger=Ledger(lag_minutes=LAG_MINUTES),
-            chat_defaults=ChatDefaults(completion_tokens=64)) as fake:
+            ACCOUNTS, ledger=ledger, chat_defaults=ChatDefaults(completion_tokens=64)) as fake:
         fake.add_package(POOL_SOLO, 300_000)
         fake.consume(POOL_SOLO, 150_300)  # the API shows it in 30 s; the guard never sees it
         env = sync_env(fake, VQG_COLD_START_ADMIT_TOKENS="0", VQG_UNSEEN_DAY_TOKENS="200000",
@@ -47,6 +50,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         proxy = start_proxy(tmp_path_factory.mktemp("state"), fake, store.url,
                             f"vqgtest-state-{uuid.uuid4().hex[:8]}", env=env)
         try:
+            assert proxy.wait_for_log(r"🕒 \[COLD-START\] acct-c/solo", timeout=90)
+            ledger.set_lag(LAG_MINUTES)
             yield World(proxy, fake, store)
         finally:
             stop_proxy(proxy)
