@@ -62,11 +62,12 @@ class Checkpoint:
     day: int  # Beijing day of `today`
     today: int  # today's usage + in-flight
     lags: tuple[tuple[int, int], ...] = ()  # the limit estimator's observed lags
-    # Lifetime usage + in flight the balance API may not show yet (less the last snapshot's
-    # settled estimate), and a young generation's own unseen bound: what a new generation must
-    # assume ran unseen if the state goes now.
+    # Lifetime usage + in flight the balance API may not show yet (less the higher of the last
+    # snapshot's settled estimate and the proven settled floor), and a young generation's own
+    # unseen bound: what a new generation must assume ran unseen if the state goes now.
     unsettled: int = 0
     young: int = 0  # the generation's unseen bound while it is young (limit.py), else 0
+    floor: int | None = None  # the last sync's settled floor (limit.settled_floor)
 
 
 def _hold_text(history_start: int, held_until: int) -> str:
@@ -160,20 +161,23 @@ class SyncService:
             self._state_lost(pool, gen, seen, "its counters, usage timeline and snapshot "
                              "(another process recreated them)", h)
         if seen is not None and seen.generation == gen:
-            self._remember(pool, gen, h, seen.lags, seen.young)
+            self._remember(pool, gen, h, seen.lags, seen.young, seen.floor)
         else:
-            self._remember(pool, gen, h, (), 0)
+            self._remember(pool, gen, h, (), 0, None)
 
     def _remember(self, pool: str, gen: int, h: dict[str, int],
-                  lags: tuple[tuple[int, int], ...], young: int) -> None:
+                  lags: tuple[tuple[int, int], ...], young: int, floor: int | None) -> None:
         # In flight as a settle without usage would count it (its prompts at the miscount
         # ceiling, corr_max for both classes: never less): a wipe loses the reservations.
         ceiling = h["corr_max"] or 3 * PPM
         unmeasured = sum(max(0, -(-h[est] * ceiling // PPM) - h[f"{est}_res"])
                          for est in ("inflight_est", "inflight_xest"))
-        own = max(0, h["ucum"] + h["inflight"] + unmeasured - h["settled"])
+        # The floor is proven whatever the lag: with a 20-min Δ_assumed and the API current, the
+        # snapshot's estimate alone left 4,009,432 "unsettled" after a wipe (fuzz seed 240).
+        settled = h["settled"] if floor is None else max(h["settled"], floor)
+        own = max(0, h["ucum"] + h["inflight"] + unmeasured - settled)
         self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"] + unmeasured, lags,
-                                            own + young, young)
+                                            own + young, young, floor)
 
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
                     h: dict[str, int] | None = None) -> None:
@@ -283,7 +287,7 @@ class SyncService:
             self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
         if h is not None:
             young = result.state.unseen_bound if result.state.unseen_ref is not None else 0
-            self._remember(pool, gen, h, result.state.lags, young)
+            self._remember(pool, gen, h, result.state.lags, young, result.state.settled_floor)
         today_usage = status.get("day_usage")
         b0 = result.free_total - (usage.lifetime_usage - today_usage)
         observed = "-" if result.lag_observed_ms is None else f"{result.lag_observed_ms // MINUTE_MS}min"

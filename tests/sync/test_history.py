@@ -165,3 +165,21 @@ def test_the_operator_bound_is_all_a_held_pool_admits(make_world, admit):
     svc = w.service()
     w.run("2026-08-20 10:19", every_ms=20_000, tokens=2_000, svc=svc)
     assert w.served == admit - admit % 2_000
+
+
+def test_a_checkpoint_counts_as_unsettled_only_what_the_balance_has_not_proven_settled(make_world):
+    """Fuzz seed 240: the API current (lag 0) but Δ_assumed 20 min, so the snapshot's estimate
+    called the last 20 min of our usage unsettled, and a wipe then took 4,009,432 off the new
+    generation's free total. The settled floor (what the balance lost, time order) proves the
+    API showed it: the checkpoint keeps only what no balance drop covers yet."""
+    w = make_world("2026-08-20 13:00", lag_minutes=0, small_buffer=10_000, unseen_day_tokens=0)
+    w.fake.add_package(POOL, 5_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    svc = w.service()
+    w.idle("2026-08-20 13:21", svc)
+    w.run("2026-08-20 13:40", every_ms=20_000, tokens=20_000, svc=svc)  # 60,000 a minute
+    w.clock.advance(MIN)
+    svc.tick()
+    st = w.gate.status(POOL)
+    assert st.get("ucum") - st.get("settled") >= 15 * 60_000  # the estimate's "unsettled"
+    seen = svc.checkpoints[POOL]
+    assert seen.floor is not None and seen.unsettled <= 60_000 + st.get("inflight"), seen
