@@ -10,8 +10,8 @@ balance lags our usage by Δ, so `U_settled = U(t − Δ)`. Estimates of F, all 
 - lag-compensated: `Bal + U(t − Δ_assumed)` with Δ_assumed ≥ the worst observed lag and the floor;
 - the lowest of those since the package set last changed (a quiet stretch makes it exact);
 - an exact anchor `Bal + U(now)`, taken when our usage has not moved for longer than any lag
-  (and, where usage nobody measured ran within LAG_CEILING_MS, the settled floor proves all of
-  it settled); while it holds it is used as is. Usage outside the proxy (the balance falls by more than we
+  (and, once usage nobody measured ran in this history, the settled floor proves all of it
+  settled); while it holds it is used as is. Usage outside the proxy (the balance falls by more than we
   recorded) voids it; smaller outside usage is what SMALL_BUFFER is for.
 
 With an anchor, each later sync locates the API's settled-through point on our timeline: it lies
@@ -154,11 +154,6 @@ class UsageView:
         i = bisect.bisect_right(self.minutes, (ms // MINUTE_MS - 1, float("inf")))
         return self.minutes[i - 1][1] if i else self.floor
 
-    def unsure_at(self, ms: int) -> int:
-        """Of `usage_at(ms)`, what was counted without a measurement (0 before the read)."""
-        i = bisect.bisect_right(self.minutes, (ms // MINUTE_MS - 1, float("inf")))
-        return self.unsure[i - 1] if 0 < i <= len(self.unsure) else 0
-
     def first_reaching(self, tokens: int) -> int | None:
         """Start (ms) of the first minute whose recorded usage (a reservation kept whole counted
         in full: never later than the truth) reaches `tokens`; None before the read."""
@@ -246,13 +241,14 @@ def compute_limit(
     # Quiet for longer than any lag we know of: the API has settled all our usage. A quiet
     # stretch shorter than Δ_assumed proves nothing (a 150-min lag under a 2-hour quiet billed),
     # and neither does one in a young history (what ran unseen may be settling still).
-    # The lag observer cannot see usage nobody measured: where some ran within LAG_CEILING_MS,
-    # a longer lag may have gone unseen (a 360-min lag incident after unreported usage, quiet for
-    # two hours, anchored 590,000 tokens high), so the API must be proven to have settled all of
-    # ours, by what the balance lost or by a quiet stretch longer than LAG_CEILING_MS.
+    # The lag observer cannot see usage nobody measured (and what of it the API settles can hide
+    # measured usage the API has not): once some ran in this history, a longer lag may have gone
+    # unseen (a 360-min lag incident after unreported usage, quiet for two hours, anchored 590,000
+    # tokens high), so the API must be proven to have settled all of ours, by what the balance
+    # lost or by a quiet stretch longer than LAG_CEILING_MS.
     floor = settled_floor(state, *previous, packages, usage, now_ms, history_start_ms)
     unsure_now = usage.unsure[-1] if usage.unsure else 0
-    seen = unsure_now == usage.unsure_at(now_ms - LAG_CEILING_MS)
+    seen = unsure_now == 0
     proven = floor is not None and floor >= usage.lifetime_usage
     quiet_ms = max(QUIET_MS, assumed_lag_ms(state, now_ms, lag_floor_ms))
     quiet = (usage.inflight == 0 and history_ms >= quiet_ms and state.unseen_ref is None

@@ -18,20 +18,23 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     on a busy account (prior usage), wiped stores, waves of a class counted far low, and pools
     that count exactly (their waves down to the exact class's ceiling), and Doubao pools (ark-api:
     the cheap count, a wave's as low, and the tokenization API's drift), and balance APIs hours
-    behind (all run long, or an incident on day 1 that ends), and first starts after more unseen
-    usage than SMALL_BUFFER under a lag longer than the floor."""
+    behind (all run long, or an incident on day 1 that ends; half of those with a line nobody
+    reports usage for), and first starts after more unseen usage than SMALL_BUFFER under a lag
+    longer than the floor."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
             "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
             "missing_wave": 0, "ark_api": 0, "ark_api_wave": 0, "long_lag": 0, "lag_incident": 0,
-            "busy_first_start": 0}
+            "busy_first_start": 0, "unreported_under_lag": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
         lags.add(s.settlement_lag_minutes)
         seen["long_lag"] += s.settlement_lag_minutes > 45
         seen["lag_incident"] += any(c.minutes >= 60 for c in s.lag_changes)
+        seen["unreported_under_lag"] += (s.settlement_lag_minutes > 45 or bool(s.lag_changes)) \
+            and any(line.usage == "missing" for line in s.traffic)
         seen["two_days"] += s.days == 2
         seen["late_start"] += s.calendar_days > s.days
         seen["prior_usage"] += s.prior_usage is not None
