@@ -20,14 +20,14 @@ CAP = 300_000
 RESERVED, TRUE = 100_000, 20_000  # what each unreported request held, what it consumed
 
 
-def _unreported(w, n: int) -> None:
+def _unreported(w, n: int, used: int = TRUE) -> None:
     """`n` requests whose upstream sent no usage: the guard keeps each reservation as consumed."""
     for _ in range(n):
         w.seq += 1
         rid = f"req-{w.seq}"
         assert w.gate.reserve(POOL, rid, RESERVED).admitted
         w.clock.advance(20_000)
-        w.fake.consume(POOL, TRUE)
+        w.fake.consume(POOL, used)
         w.gate.settle(POOL, rid, None)
 
 
@@ -67,13 +67,7 @@ def test_a_lag_of_hours_never_shrinks_the_count(make_world):
     used all they reserved stay counted, and the day never passes the cap."""
     w, svc = _world(make_world, lag_minutes=357)
     svc.tick()
-    for _ in range(3):  # reserved 100,000, used 100,000, reported nothing
-        w.seq += 1
-        rid = f"req-{w.seq}"
-        assert w.gate.reserve(POOL, rid, RESERVED).admitted
-        w.clock.advance(20_000)
-        w.fake.consume(POOL, RESERVED)
-        w.gate.settle(POOL, rid, None)
+    _unreported(w, 3, used=RESERVED)  # each used all it reserved
     w.idle("2026-08-20 11:00", svc)
     assert w.gate.status(POOL).decision.used_today == 3 * RESERVED
     w.run("2026-08-20 18:00", every_ms=60_000, tokens=10_000, svc=svc)
