@@ -411,10 +411,10 @@ def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,
     The gate chains the steps into an upper bound of today's consumption up to the API's
     settled-through point and adds what we counted since the second number (everything the
     API may not show yet), so usage we kept whole because nobody reported it (missing usage,
-    expired reservations) leaves the daily cap's count once the API shows the day used less.
-    The second number is the proven floor (`settled_floor`), and never more than our usage
-    Δ_assumed ago: a lag longer than assumed must not shrink the count (a 357-min lag burned
-    a million tokens when the count trusted Δ_assumed alone).
+    expired reservations) leaves the daily cap's count once the floor passes it (in practice
+    LAG_CEILING_MS after it ran). The second number is the proven floor (`settled_floor`), never
+    more than our usage Δ_assumed ago: a lag longer than assumed must not shrink the count (a
+    357-min lag burned a million tokens when the count trusted Δ_assumed + 40 min alone).
     A step is the lower of two bounds: per package, what it lost (a new one: its size less what
     is left; one that left the list: all it last showed, expired or not), and what we counted
     since the previous floor, plus what is in flight.
