@@ -25,16 +25,19 @@ def seed_range(text: str) -> range:
 
 
 def waste(label: str, cases: list[FuzzCase]) -> str:
-    """Served tokens, and both waste figures as shares of them: all of it, then without what
-    history starts cost (refused while held or under a lowered first-day cap, docs/limit.md)."""
+    """Served tokens, and both waste figures as shares of them: all of it (refused while free
+    also beyond SMALL_BUFFER, the reserve stranded leaves out), then without what history starts
+    cost (refused while young, held or under a lowered first-day cap, docs/limit.md)."""
     served = max(1, sum(c.served_tokens for c in cases))
     refused = sum(c.refused_while_free for c in cases)
+    beyond = sum(c.refused_beyond_buffer for c in cases)
     stranded = sum(c.stranded for c in cases)
     steady_r = refused - sum(c.refused_at_start for c in cases)
     steady_s = stranded - sum(c.stranded_at_start for c in cases)
     return (f"{label}: {len(cases)} scenarios · served {served:,} · refused while free "
-            f"{refused / served:.1%} · stranded {stranded / served:.1%} · "
-            f"outside history starts {steady_r / served:.1%} / {steady_s / served:.1%}")
+            f"{refused / served:.1%} (beyond SMALL_BUFFER {beyond / served:.1%}) · stranded "
+            f"{stranded / served:.1%} · outside history starts {steady_r / served:.1%} / "
+            f"{steady_s / served:.1%}")
 
 
 def main() -> int:

@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     cold_start_admit_tokens: int = Field(
         default=0, ge=0, le=1_000_000_000,
         description="Tokens a pool may use while its history is shorter than the lag (first start, "
-                    "lost state); 0 = none until the hold ends.")
+                    "lost state) when no unseen bound applies (VQG_UNSEEN_DAY_TOKENS=0 and no "
+                    "state lost under a running process); 0 = none until the hold ends.")
     unseen_day_tokens: int = Field(
         default=200_000, ge=0, le=1_000_000_000,
         description="Usage the guard assumes ran unseen before a pool's history began (a first start, "

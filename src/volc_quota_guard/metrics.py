@@ -178,6 +178,9 @@ def pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
                                    lambda r: (r.get("held_until_ms") or 0) / 1000),
         "vqg_state_lost": ("1 when the pool's current state was recreated after its data was lost",
                            lambda r: int(bool(r.get("state_lost")))),
+        "vqg_unseen_balance_tokens": ("What may have run unseen before a young history began, kept "
+                                      "off the balance wall until the API shows it settled",
+                                      lambda r: r.get("unseen_balance", 0)),
         "vqg_unseen_today_tokens": ("Today's usage the guard assumes it did not see (taken off the "
                                     "daily cap until Beijing midnight)", lambda r: r.get("unseen_today", 0)),
     }

@@ -12,7 +12,7 @@ from typing import Any
 from .clock import MINUTE_MS, MS_PER_DAY
 from .config import Settings
 from .gate import PPM, Gate
-from .limit import LimitState, assumed_lag_ms
+from .limit import YOUNG_MS, LimitState, assumed_lag_ms
 
 LAG_WINDOW_MS = 7 * MS_PER_DAY  # the observed lags status reports
 
@@ -32,6 +32,7 @@ def pool_status(gate: Gate, pool: str, cfg: Settings) -> dict[str, Any]:
         return {"pool": pool, "now_ms": now, "has_snapshot": False}
     limit = LimitState.from_json(records.limit_state(pool))
     recent = [(at, lag) for at, lag in limit.lags if now - at <= LAG_WINDOW_MS]
+    young = limit.unseen_bound if limit.unseen_ref is not None and limit.generation == f("hist_at") else 0
     meta = records.sync_meta(pool.split("/", 1)[0])
     settled = min(f("settled"), f("ucum"))
     evicted_until = f("evicted_until")
@@ -86,4 +87,8 @@ def pool_status(gate: Gate, pool: str, cfg: Settings) -> dict[str, Any]:
         "state_lost": bool(f("hist_lost")),
         # Today's usage the guard assumes it did not see (a first start, lost state): off the cap.
         "unseen_today": f("day_margin") if f("day_lost") and f("day_lost") == f("day") else 0,
+        # A young history's unseen bound, kept off the balance wall until the API shows that much
+        # settled or YOUNG_MS after the history began, whichever comes first (docs/limit.md).
+        "unseen_balance": young,
+        "young_until_ms": f("hist_at") + YOUNG_MS if young else None,
     }

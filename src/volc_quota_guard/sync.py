@@ -8,12 +8,13 @@ Time is the gate's — the Redis server's clock unless one is injected — so th
 `U(t − Δ)` read the timeline on the clock that stamped it, whatever this host's clock says.
 
 History: the sync that creates a pool's state (its first, or the first after the store lost
-it) holds the pool until the history covers Δ_assumed (limit.py), and logs why: `🕒 [COLD-START]`
+it) keeps what may have run unseen off the balance wall, or with no unseen bound holds the pool
+until the history covers Δ_assumed (limit.py), and logs which: `🕒 [COLD-START]`
 when nobody knew the pool, `⛔ [STATE-LOST]` when this process (its checkpoint of each pool's
 generation and today's usage, read at every poll) or the account's sync record knew an
 earlier generation. A process that finds a generation changed under it reports the loss too
 and raises today's usage to its checkpoint (the gate's `recover`, a max): every process
-that saw the old day's count contributes it, and the hold itself is in Redis for all of them.
+that saw the old day's count contributes it, and the new limit is in Redis for all of them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .gate import PPM, Decision, Gate
 from .limit import (
     LAG_CEILING_MS,
     QUIET_MS,
+    YOUNG_MS,
     LimitResult,
     LimitState,
     PackageView,
@@ -70,11 +72,15 @@ class Checkpoint:
     floor: int | None = None  # the last sync's settled floor (limit.settled_floor)
 
 
-def _hold_text(history_start: int, held_until: int) -> str:
-    if held_until <= history_start:
-        return ""
-    return (f"; held until {to_beijing(held_until):%H:%M} (Beijing): the balance API may not show "
-            f"the last {-(-(held_until - history_start) // MINUTE_MS)} min of usage yet")
+def _start_text(history_start: int, held_until: int, young: int) -> str:
+    """How a new history protects the balance wall: a hold (no unseen bound), or the bound."""
+    if held_until > history_start:
+        return (f"; held until {to_beijing(held_until):%H:%M} (Beijing): the balance API may not "
+                f"show the last {-(-(held_until - history_start) // MINUTE_MS)} min of usage yet")
+    if young:
+        return (f"; the balance wall keeps {young:,} tokens off until the API shows that much "
+                f"settled (at most {YOUNG_MS // 3_600_000} h)")
+    return ""
 
 
 class PackageLister(Protocol):
@@ -187,12 +193,14 @@ class SyncService:
             return
         self._reported.add((pool, gen))
         held_until = self.records.state_int(pool, "hold_until")
+        young = LimitState.from_json(self.records.limit_state(pool))
         today = (f"today's usage restored to {decision.used_today:,} from this process's checkpoint"
                  if seen else "today's usage before the loss is unknown")
         log.error("⛔ [STATE-LOST] %s: %s vanished while the guard was running; %s, and the daily "
-                  "cap (and the balance, until the API shows it settled) is lowered by %s until "
-                  "Beijing midnight%s", pool, what, today,
-                  f"{self.cfg.unseen_day_tokens:,}", _hold_text(gen, held_until), extra=BILLING_EVENT)
+                  "cap is lowered by %s until Beijing midnight%s", pool, what, today,
+                  f"{self.cfg.unseen_day_tokens:,}",
+                  _start_text(gen, held_until, young.unseen_bound if young.unseen_ref is not None else 0),
+                  extra=BILLING_EVENT)
 
     # -- one sync -----------------------------------------------------------------------------
     def _lister(self, account: str) -> PackageLister:
@@ -322,13 +330,10 @@ class SyncService:
                              ", and ".join(lost), h)
             return
         self._reported.add((pool, gen))
-        if result.held_until_ms:
-            log.warning("🕒 [COLD-START] %s held until %s (Beijing): the balance API may not show "
-                        "the last %d min of usage yet (the guard's history of this pool begins now; "
-                        "%s tokens assumed used unseen: off today's cap until midnight, and off the "
-                        "balance until the API shows it settled)", pool,
-                        f"{to_beijing(result.held_until_ms):%H:%M}",
-                        -(-(result.held_until_ms - gen) // MINUTE_MS), f"{self.cfg.unseen_day_tokens:,}")
+        young = result.state.unseen_bound if result.state.unseen_ref is not None else 0
+        log.warning("🕒 [COLD-START] %s: the guard's history of this pool begins now; %s tokens "
+                    "assumed used unseen are off today's cap until Beijing midnight%s", pool,
+                    f"{self.cfg.unseen_day_tokens:,}", _start_text(gen, result.held_until_ms, young))
 
     # -- the thread ---------------------------------------------------------------------------
     def tick(self) -> list[SyncOutcome]:

@@ -122,3 +122,34 @@ def test_status_and_metrics_show_a_held_pool(store_url: str, keyspace: KeySpace,
     text = capsys.readouterr().out
     assert f'vqg_held{{account="acct-a",model="deepseek-v4-flash-ga-260731",pool="{BUSY}"}} 1.0' in text
     assert "vqg_unseen_today_tokens{" in text and "vqg_state_lost{" in text
+
+
+def test_status_and_metrics_show_a_young_pool(store_url: str, keyspace: KeySpace,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A first start under the unseen bound is not held: `status` shows `🕒 YOUNG (cold start):
+    200,000 kept off the balance` with when that ends at the latest, `--json` the same fields,
+    and /metrics `vqg_unseen_balance_tokens`; the wall is the balance less the bound."""
+    monkeypatch.setenv("VQG_REDIS_URL", store_url)
+    monkeypatch.setenv("VQG_KEY_PREFIX", keyspace.prefix)
+    client = connect(store_url)
+    sec, usec = client.time()
+    now = int(sec) * 1000 + int(usec) // 1000
+    gate = Gate(client, keyspace)
+    gate.install_snapshot(BUSY, Snapshot(
+        balance=300_000, settled_usage=0, expiring=200_000, small_buffer=10_000, daily_cap=2_000_000,
+        valid_until_ms=now + 85 * MIN, unseen_day_tokens=200_000))
+    hist = gate.status(BUSY).get("hist_at")
+    gate.records.write_limit_state(BUSY, LimitState(generation=hist, unseen_ref=300_000,
+                                                    unseen_bound=200_000).to_json())
+    assert main(["status", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["pools"][0]
+    assert not row["held"] and row["unseen_balance"] == 200_000
+    assert row["young_until_ms"] == hist + 8 * 60 * MIN and row["balance_wall"] == 90_000
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "🕒 YOUNG (cold start): 200,000 off" in out, out
+    assert main(["metrics"]) == 0
+    text = capsys.readouterr().out
+    assert (f'vqg_unseen_balance_tokens{{account="acct-a",model="deepseek-v4-flash-ga-260731",'
+            f'pool="{BUSY}"}} 200000.0') in text

@@ -87,6 +87,17 @@ def test_the_guard_refuses_when_even_the_input_does_not_fit(calibrated: None) ->
     r = simulate(parse_scenario(text), "guard", from_env=True)
     assert (r.served_requests, r.blocked_requests) == (1, 1)
     assert r.refused_while_free_tokens == 20_100  # 59,990 were truly free: it would have fit
+    assert r.refused_beyond_buffer_tokens == 0  # ... but only into SMALL_BUFFER (9,990 beyond it)
+
+
+def test_a_refusal_that_fit_beyond_small_buffer_is_counted_apart(calibrated: None) -> None:
+    """A prompt the tokenizer over-counts (1.7×) does not fit the 9,990 left beyond SMALL_BUFFER
+    by the guard's count, but its true 6,100 tokens do: refused while free, beyond the buffer."""
+    text = BASE + ('  - {at: "09:00", prompt: 240000, completion: 10, max_tokens: 16}\n'
+                   '  - {at: "09:10", prompt: 6000, completion: 100, max_tokens: 100, estimate_ratio: 1.7}\n')
+    r = simulate(parse_scenario(text), "guard", from_env=True)
+    assert (r.served_requests, r.blocked_requests) == (1, 1)
+    assert r.refused_while_free_tokens == r.refused_beyond_buffer_tokens == 6_100
 
 
 def test_a_request_without_usage_is_settled_as_its_whole_reservation() -> None:

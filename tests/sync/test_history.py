@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from sync.conftest import ACCOUNT, MIN, POOL, beijing_ms
-from volc_quota_guard.limit import LimitState
+from volc_quota_guard.limit import LimitState, assumed_lag_ms
 
 HELD = {"cold_start_admit_tokens": 0, "unseen_day_tokens": 200_000}  # the production defaults
 
@@ -30,39 +30,58 @@ def _busy_start(make_world, **settings):
     return w, svc
 
 
-def test_a_first_start_on_a_busy_account_holds_for_the_lag_and_bills_nothing(make_world, caplog):
-    """The first sync holds the pool until its history covers Δ (20 min), logs why, serves again
-    right after the hold, and nothing is billed; without the hold the same run bills."""
+def test_a_first_start_on_a_busy_account_keeps_the_unseen_bound_off_and_bills_nothing(make_world, caplog):
+    """The first sync logs why, keeps the unseen bound (200,000) off the wall from the start
+    instead of holding the pool, serves what is left above it at once, and nothing is billed;
+    without the bound the same run bills (issue 14 run 1)."""
     w, svc = _busy_start(make_world, **HELD)
     with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
         w.run("2026-08-20 10:20", every_ms=5_000, tokens=2_000, svc=svc)
-    assert ("🕒 [COLD-START] acct-a/deepseek-v4-flash-ga-260731 held until 10:20 (Beijing): "
-            "the balance API may not show the last 20 min of usage yet") in caplog.text
+    assert ("🕒 [COLD-START] acct-a/deepseek-v4-flash-ga-260731: the guard's history of this pool "
+            "begins now; 200,000 tokens assumed used unseen are off today's cap until Beijing "
+            "midnight; the balance wall keeps 200,000 tokens off until the API shows that much "
+            "settled (at most 8 h)") in caplog.text
     assert caplog.text.count("[COLD-START]") == 1
-    assert w.served == 0 and w.refused > 200
-    held = w.gate.status(POOL)
-    assert held.get("hold_until") == beijing_ms("2026-08-20 10:20") and held.decision.headroom <= 0
-    w.clock.advance(1_000)  # the sync runs a second after the hold's end
+    st = w.gate.status(POOL)
+    assert st.get("hold_until") == 0
+    # The wall is the first balance (300,000: the API does not show the 150,300) less the bound
+    # and SMALL_BUFFER: 90,000, all of it served in the first 20 minutes.
+    assert 80_000 <= w.served <= 90_000 and w.refused > 0
     w.run("2026-08-20 11:00", every_ms=5_000, tokens=2_000, svc=svc)
-    assert w.gate.status(POOL).get("hold_until") == 0
-    # The pool serves again after the hold (what is left of 139,700 free above SMALL_BUFFER, less
-    # what the 20-min assumed lag keeps back from a 4-min true one).
-    assert w.served >= 50_000
     t = w.totals()
     assert (t.billed, t.burned) == (0, 0), t
 
-    # The same run with the operator's allowance wide open is the old behaviour: it bills.
-    old, svc = _busy_start(make_world, cold_start_admit_tokens=10**9)
+    # The same run without the bound and with the operator's allowance wide open bills.
+    old, svc = _busy_start(make_world, cold_start_admit_tokens=10**9, unseen_day_tokens=0)
     for _ in range(150):  # as fast as it goes: 2,000 tokens every half second
         svc.tick()
         old.request(2_000, duration_ms=500)
     assert old.totals().billed > 100_000
 
 
+def test_a_first_start_without_an_unseen_bound_holds_for_the_lag(make_world, caplog):
+    """An operator who says nothing ran unseen (VQG_UNSEEN_DAY_TOKENS=0) still gets the hold: the
+    pool admits nothing (VQG_COLD_START_ADMIT_TOKENS) until its history covers Δ (20 min), then
+    serves again, and the 150,300 that did run unseen settle inside the 4-min lag: no bill."""
+    w, svc = _busy_start(make_world, cold_start_admit_tokens=0, unseen_day_tokens=0)
+    with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+        w.run("2026-08-20 10:20", every_ms=5_000, tokens=2_000, svc=svc)
+    assert "; held until 10:20 (Beijing): the balance API may not show the last 20 min" in caplog.text
+    assert w.served == 0 and w.refused > 200
+    held = w.gate.status(POOL)
+    assert held.get("hold_until") == beijing_ms("2026-08-20 10:20") and held.decision.headroom <= 0
+    w.clock.advance(1_000)  # the sync runs a second after the hold's end
+    w.run("2026-08-20 11:00", every_ms=5_000, tokens=2_000, svc=svc)
+    assert w.gate.status(POOL).get("hold_until") == 0
+    assert w.served >= 50_000
+    t = w.totals()
+    assert (t.billed, t.burned) == (0, 0), t
+
+
 def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_world, caplog):
     """After a wipe a fresh process recreates the pool (it knows nothing: COLD-START); the
     running one finds the generation changed, reports ⛔ STATE-LOST, marks it in Redis and
-    raises today's count to its checkpoint; both see the same hold."""
+    raises today's count to its checkpoint; both see the same young bound."""
     w = make_world("2026-08-20 13:00", lag_minutes=4, small_buffer=10_000, **HELD)
     w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
     old = w.service()
@@ -80,14 +99,14 @@ def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_w
         old.tick()
     lost = [r.getMessage() for r in caplog.records if "[STATE-LOST]" in r.getMessage()]
     assert len(lost) == 1 and f"today's usage restored to {today:,}" in lost[0], lost
-    assert "held until 14:25 (Beijing)" in lost[0]
+    assert "the balance wall keeps 200,000 tokens off until the API shows that much settled" in lost[0]
     st = w.gate.status(POOL)
-    assert st.get("hist_lost") == 1 and st.get("day_usage") == today
+    assert st.get("hist_lost") == 1 and st.get("day_usage") == today and st.get("hold_until") == 0
     assert st.decision.daily_cap == 2_000_000 - 200_000  # today's unseen part, whoever created it
+    # The new generation's wall: its first balance less the bound and SMALL_BUFFER.
+    assert st.decision.balance_wall == st.get("balance") - 200_000 - 10_000
     old.tick()
     assert sum("[STATE-LOST]" in r.getMessage() for r in caplog.records) == 1, "logged once"
-    for svc in (old, fresh):
-        assert w.gate.reserve(POOL, f"probe-{id(svc)}", 1_000).reason == "balance_wall"
 
 
 def test_a_checkpoint_counts_in_flight_prompts_at_the_miscount_ceiling(make_world, caplog):
@@ -113,7 +132,7 @@ def test_a_checkpoint_counts_in_flight_prompts_at_the_miscount_ceiling(make_worl
 
 def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(make_world, caplog):
     """The pool's keys vanish but the account's sync record survives: even a process that never
-    saw the pool knows from Redis that it had a history, and holds it as lost state."""
+    saw the pool knows from Redis that it had a history, and treats it as lost state."""
     w = make_world("2026-08-20 13:00", lag_minutes=4, **HELD)
     w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
     first = w.service()
@@ -129,8 +148,9 @@ def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(m
     assert "⛔ [STATE-LOST] acct-a/deepseek-v4-flash-ga-260731: the pool's counters" in caplog.text
     assert "today's usage before the loss is unknown" in caplog.text
     st = w.gate.status(POOL)
-    assert st.get("hist_lost") == 1 and st.get("hold_until") > w.clock.now_ms()
+    assert st.get("hist_lost") == 1 and st.get("hold_until") == 0
     assert st.decision.daily_cap == 2_000_000 - 200_000
+    assert st.decision.balance_wall == st.get("balance") - 200_000 - w.cfg.small_buffer
 
 
 def test_estimates_of_a_lost_generation_are_not_carried_into_the_new_one(make_world):
@@ -149,11 +169,10 @@ def test_estimates_of_a_lost_generation_are_not_carried_into_the_new_one(make_wo
     svc.tick()
     new = LimitState.from_json(json.loads(w.client.get(keys.limit_state)))
     assert new.generation == w.gate.status(POOL).get("hist_at") != old.generation
-    assert new.lowest_free_total is None  # held: no estimate is a bound yet
+    assert new.lowest_free_total is None  # the history does not cover Δ: no estimate is a bound
     assert new.lags == ((w.clock.now_ms(), 30 * MIN),)
-    st = w.gate.status(POOL)
-    # The kept 30-min lag sets Δ_assumed = 30 × 1.25 + 2 = 39.5 min: the hold is that long.
-    assert st.get("hold_until") == st.get("hist_at") + int(30 * MIN * 1.25) + 2 * MIN
+    # The kept 30-min lag sets Δ_assumed = 30 × 1.25 + 2 = 39.5 min.
+    assert assumed_lag_ms(new, w.clock.now_ms(), 20 * MIN) == int(30 * MIN * 1.25) + 2 * MIN
 
 
 @pytest.mark.parametrize("admit", [0, 30_000])

@@ -244,12 +244,16 @@ def young(packages, view, state=EMPTY, now=T, hist=T, unseen=200_000):
 
 
 def test_a_young_history_keeps_unseen_usage_off_the_wall_until_the_api_settles_past_it():
-    """180,000 tokens ran on Ark just before a first start and the API is 5 hours behind: the
-    hold (20 min) ends with none of it shown. The wall keeps the 200,000 unseen bound off — the
-    prior-usage-long-lag scenario billed 124,400 without it — until the API has settled more
-    than the bound since the history began (then some of ours is settled, and all before it)."""
+    """180,000 tokens ran on Ark just before a first start and the API is 5 hours behind: a
+    hold of Δ_assumed (20 min) would end with none of it shown. The wall keeps the 200,000 unseen
+    bound off from the first sync — the prior-usage-long-lag scenario billed 124,400 without
+    it — until the API has settled more than the bound since the history began (then some of
+    ours is settled, and all before it). With the bound on, the pool is not held."""
     first = young([PackageView("p1", 600_000, None)], usage({1: 0}, lifetime=0))
-    assert first.held_until_ms == T + 20 * MIN and first.state.unseen_ref == 600_000
+    assert first.held_until_ms == 0 and first.state.unseen_ref == 600_000
+    s0 = first.snapshot
+    assert (s0.hold_until_ms, s0.expiring) == (0, 200_000)
+    assert s0.balance + s0.settled_usage - s0.expiring - s0.small_buffer == 600_000 - 250_000
     later = T + 30 * MIN
     view = steady(0, 0, later)  # nothing of ours ran yet
     r = young([PackageView("p1", 600_000, None)], view, state=first.state, now=later)
@@ -259,6 +263,7 @@ def test_a_young_history_keeps_unseen_usage_off_the_wall_until_the_api_settles_p
     assert wall <= 600_000 - 180_000 - 50_000
     # Without the bound (an account the operator knows was idle), the old wall: it would bill.
     idle_first = young([PackageView("p1", 600_000, None)], usage({1: 0}, lifetime=0), unseen=0)
+    assert idle_first.held_until_ms == T + 20 * MIN  # no bound: held until Δ_assumed is covered
     idle = young([PackageView("p1", 600_000, None)], view, state=idle_first.state, now=later, unseen=0)
     assert idle.unseen == 0 and idle.snapshot.expiring == 0
 

@@ -99,6 +99,8 @@ class RunResult:
     # stranded quota of such days in the same share.
     refused_at_start_tokens: int = 0
     stranded_at_start_tokens: int = 0
+    # Of refused_while_free: what also fit beyond SMALL_BUFFER (the reserve stranded leaves out).
+    refused_beyond_buffer_tokens: int = 0
     syncs: int = 0
     elapsed_s: float = 0.0
     series: Series | None = None
@@ -159,7 +161,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
     out = Series(step, s.daily_cap) if series else None
 
     served = blocked = clamped = served_tokens = refused_free = stranded = 0
-    refused_start = stranded_start = 0
+    refused_start = stranded_start = refused_beyond = 0
     next_midnight = next_beijing_midnight_ms(s.start_ms)
     pending = 0  # true tokens of admitted requests that have not settled yet
     spared: dict[int, int] = {}  # Beijing day -> refused tokens counted as would-have-fit
@@ -243,6 +245,8 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                         day = beijing_day(now)
                         if _fits(ledger, s, now, would, pending + spared.get(day, 0)):
                             refused_free += would
+                            if _fits(ledger, s, now, would, pending + spared.get(day, 0), s.small_buffer):
+                                refused_beyond += would
                             spared[day] = spared.get(day, 0) + would
                             if strat.starting(now):
                                 refused_start += would
@@ -264,7 +268,8 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
         burned_tokens=totals.burned, expired_tokens=totals.expired, served_requests=served,
         blocked_requests=blocked, clamped_requests=clamped, served_tokens=served_tokens,
         refused_while_free_tokens=refused_free, stranded_tokens=stranded,
-        refused_at_start_tokens=refused_start, stranded_at_start_tokens=stranded_start, syncs=strat.syncs,
+        refused_at_start_tokens=refused_start, stranded_at_start_tokens=stranded_start,
+        refused_beyond_buffer_tokens=refused_beyond, syncs=strat.syncs,
         elapsed_s=time.perf_counter() - started, series=out)
 
 
@@ -280,14 +285,14 @@ def _stranded(ledger: Ledger, s: Scenario, end: int, pending: int, refused_free:
     return min(refused_free, max(0, usable - s.small_buffer))
 
 
-def _fits(ledger: Ledger, s: Scenario, now: int, tokens: int, pending: int) -> bool:
-    """Would `tokens` more have stayed within the true free balance and today's cap?
+def _fits(ledger: Ledger, s: Scenario, now: int, tokens: int, pending: int, reserve: int = 0) -> bool:
+    """Would `tokens` more have stayed within the true free balance (less `reserve`) and today's cap?
 
     `pending` counts in-flight requests and the refused tokens of today already counted as
     fitting (as if they had run), so a run of refusals is not counted past what was free.
     """
     totals = ledger.totals(POOL, now)
-    return (tokens <= totals.true_balance - pending
+    return (tokens <= totals.true_balance - pending - reserve
             and totals.collected_today + pending + tokens <= s.daily_cap)
 
 

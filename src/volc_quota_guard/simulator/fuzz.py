@@ -290,6 +290,7 @@ class FuzzCase:
     stranded: int = 0
     refused_at_start: int = 0  # of refused_while_free: while the guard's history was starting
     stranded_at_start: int = 0
+    refused_beyond_buffer: int = 0  # of refused_while_free: what fit beyond SMALL_BUFFER too
     error: str | None = None
     counting: str = "cheap"  # the pool's counting method: its lines' (cheap, exact, ark-api)
 
@@ -308,7 +309,7 @@ def run_seed(seed: int, store_url: str | None = None) -> FuzzCase:
     return FuzzCase(seed, r.billed_tokens, r.burned_tokens, r.served_tokens,
                     r.refused_while_free_tokens, r.served_requests + r.blocked_requests,
                     r.stranded_tokens, r.refused_at_start_tokens, r.stranded_at_start_tokens,
-                    counting=_method(s))
+                    r.refused_beyond_buffer_tokens, counting=_method(s))
 
 
 def _method(s: Scenario) -> str:
