@@ -4,6 +4,7 @@
     python scripts/fuzz_scenarios.py                          # seeds 0-199 (what CI runs)
     python scripts/fuzz_scenarios.py --seeds 200:2000 --redis redis://127.0.0.1:6379/0
     python scripts/fuzz_scenarios.py --seeds 98 --save-failures src/volc_quota_guard/scenarios
+    python scripts/fuzz_scenarios.py --knowing usage,outputs   # what that knowledge would save
 
 A failing seed's YAML is written to --save-failures (default: fuzz-failures/), ready to ship as a
 regression scenario. Exit status 1 when any seed billed, burned or crashed.
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from volc_quota_guard.simulator.fuzz import FuzzCase, run_fuzz, scenario_yaml
+from volc_quota_guard.simulator.fuzz import KNOWING, FuzzCase, knowing, run_fuzz, scenario_yaml
 
 
 def seed_range(text: str) -> range:
@@ -47,14 +48,21 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=None, help="processes (default: every core)")
     p.add_argument("--save-failures", type=Path, default=Path("fuzz-failures"))
     p.add_argument("--worst", type=int, default=0, help="list the N seeds that wasted the most")
+    p.add_argument("--knowing", type=lambda t: [w for w in t.split(",") if w], default=[],
+                   help="rewrite each scenario so the guard knows these before the fact: "
+                   + "; ".join(f"{k}: {v}" for k, v in KNOWING.items()))
     args = p.parse_args()
+    try:
+        knowing({"traffic": []}, args.knowing)
+    except ValueError as exc:
+        p.error(str(exc))
     started = time.perf_counter()
-    cases = run_fuzz(args.seeds, args.workers, args.redis)
+    cases = run_fuzz(args.seeds, args.workers, args.redis, args.knowing)
     failed = [c for c in cases if c.failed]
     for c in failed:
         args.save_failures.mkdir(parents=True, exist_ok=True)
         path = args.save_failures / f"fuzz-{c.seed}.yaml"
-        path.write_text(scenario_yaml(c.seed))
+        path.write_text(scenario_yaml(c.seed, args.knowing))
         print(f"FAIL seed {c.seed}: billed {c.billed:,} burned {c.burned:,} {c.error or ''} -> {path}")
     print(f"{len(cases)} scenarios, {sum(c.requests for c in cases):,} requests, {len(failed)} failed, "
           f"{time.perf_counter() - started:.0f}s")

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from backend import TEST_REDIS_URL
 from volc_quota_guard.simulator import parse_scenario
-from volc_quota_guard.simulator.fuzz import run_fuzz, run_seed, scenario_yaml
+from volc_quota_guard.simulator.fuzz import KNOWING, knowing, run_fuzz, run_seed, scenario_dict, scenario_yaml
 
 # CI (real Redis) runs 200 seeds; the embedded store is ~2.4x slower, so a Redis-less run takes 50.
 CI_SEEDS = range(int(os.environ.get("VQG_FUZZ_SEEDS", "200" if TEST_REDIS_URL else "50")))
@@ -72,6 +77,32 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     assert {1, 32} <= conc
     assert min(durations) >= 1 and max(durations) == 300
     assert all(n > 5 for n in seen.values()), seen
+
+
+def test_knowing_gives_the_guard_what_it_learns_only_after_the_fact() -> None:
+    """`--knowing` rewrites a seed's scenario (the waste table in the README is measured so):
+    every line reports usage, caps its output at what it makes, is counted exactly; the API is
+    current; no SMALL_BUFFER. The seed's own scenario is left as it was."""
+    seed = next(i for i in range(500) if any(line.get("usage") == "missing" and line.get("reasoning")
+                                               for line in scenario_dict(i)["traffic"])  # type: ignore[attr-defined]
+                and scenario_dict(i).get("lag_changes"))
+    before = scenario_yaml(seed)
+    s = parse_scenario(scenario_yaml(seed, KNOWING), "knowing")
+    assert scenario_yaml(seed) == before
+    assert s.settlement_lag_minutes == 0 and not s.lag_changes and s.small_buffer == 0
+    assert s.model_reasoning_tokens == 0
+    for line in s.traffic:
+        assert line.usage is None and line.reasoning == 0 and line.max_tokens == max(1, line.completion)
+        assert line.counting == "exact" and line.estimate_ratio == 1.0
+    with pytest.raises(ValueError, match="unknown --knowing \\['guess'\\]"):
+        knowing(scenario_dict(seed), ["usage", "guess"])
+    # Through its entry point: the same seed, with and without the guard knowing usage.
+    plain, known = run_seed(seed, TEST_REDIS_URL), run_seed(seed, TEST_REDIS_URL, know=["usage"])
+    assert not plain.failed and not known.failed
+    assert (known.served_tokens, known.refused_while_free) != (plain.served_tokens, plain.refused_while_free)
+    script = Path(__file__).parents[2] / "scripts" / "fuzz_scenarios.py"
+    bad = subprocess.run([sys.executable, str(script), "--knowing", "guess"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "choose from ['buffer', 'counts', 'lag', 'outputs', 'usage']" in bad.stderr
 
 
 def test_a_seed_that_cannot_run_is_a_failure_with_its_reason() -> None:

@@ -274,8 +274,44 @@ def _split(rng: random.Random, total: int, parts: int) -> list[int]:
     return [b - a for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
-def scenario_yaml(seed: int) -> str:
-    return yaml.safe_dump(scenario_dict(seed), sort_keys=False, allow_unicode=True,
+# What a guard could know only after the fact, each given to it by rewriting a seed's scenario
+# (`scripts/fuzz_scenarios.py --knowing`): the waste left then is what that knowledge would save.
+KNOWING = {
+    "usage": "every line reports its usage",
+    "outputs": "every request caps its output at what it makes (no reasoning beyond it)",
+    "counts": "every prompt is counted exactly",
+    "lag": "the balance API is current (lag 0, no incidents)",
+    "buffer": "SMALL_BUFFER is 0",
+}
+
+
+def knowing(scenario: dict[str, object], what: Iterable[str]) -> dict[str, object]:
+    """`scenario` rewritten so the guard knows `what` (KNOWING's keys) before the fact."""
+    what = set(what)
+    if unknown := what - KNOWING.keys():
+        raise ValueError(f"unknown --knowing {sorted(unknown)}; choose from {sorted(KNOWING)}")
+    lines = [dict(line) for line in scenario["traffic"]]  # type: ignore[attr-defined]
+    for line in lines:
+        if "usage" in what:
+            line.pop("usage", None)
+        if "outputs" in what:
+            line.update(max_tokens=max(1, line["completion"]), reasoning=0)
+        if "counts" in what:
+            line.update(counting="exact", estimate_ratio=1.0)
+            line.pop("exact_ratio", None)
+    out = {**scenario, "traffic": lines}
+    if "outputs" in what:
+        out["model_reasoning_tokens"] = 0
+    if "lag" in what:
+        out["settlement_lag_minutes"] = 0
+        out.pop("lag_changes", None)
+    if "buffer" in what:
+        out["small_buffer"] = 0
+    return out
+
+
+def scenario_yaml(seed: int, know: Iterable[str] = ()) -> str:
+    return yaml.safe_dump(knowing(scenario_dict(seed), know), sort_keys=False, allow_unicode=True,
                           default_flow_style=None, width=200)
 
 
@@ -299,10 +335,10 @@ class FuzzCase:
         return self.billed > 0 or self.burned > 0 or self.error is not None
 
 
-def run_seed(seed: int, store_url: str | None = None) -> FuzzCase:
+def run_seed(seed: int, store_url: str | None = None, know: Iterable[str] = ()) -> FuzzCase:
     """Run one seed's scenario under the guard (any exception is a failure, not a crash)."""
     try:
-        s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
+        s = parse_scenario(scenario_yaml(seed, know), f"fuzz-{seed}")
         r = simulate(s, "guard", store_url=store_url)
     except Exception as exc:  # noqa: BLE001  the fuzz reports it with its seed
         return FuzzCase(seed, 0, 0, 0, 0, 0, error=f"{type(exc).__name__}: {exc}")
@@ -318,12 +354,12 @@ def _method(s: Scenario) -> str:
 
 
 def run_fuzz(seeds: Iterable[int], workers: int | None = None,
-             store_url: str | None = None) -> list[FuzzCase]:
+             store_url: str | None = None, know: Iterable[str] = ()) -> list[FuzzCase]:
     """Every seed's outcome, in seed order, over `workers` processes (default: every core); on
     the Redis server at `store_url` when given (faster), else on embedded stores."""
     seeds = list(seeds)
     workers = workers or os.cpu_count() or 1
-    run = partial(run_seed, store_url=store_url)
+    run = partial(run_seed, store_url=store_url, know=tuple(know))
     if workers == 1:
         return [run(s) for s in seeds]
     with ProcessPoolExecutor(workers) as pool:
