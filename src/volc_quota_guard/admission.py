@@ -310,8 +310,26 @@ def plan_output(*, answer_cap: int | None, total_cap: int | None, thinking: bool
     return max(per, 1), allowance
 
 
+# A client's own credentials or endpoint: LiteLLM lets them override the deployment's, so Ark
+# would bill an account other than the pool the guard reserves in (found by a red-team pass).
+CLIENT_CREDENTIALS = ("api_key", "api_base", "base_url")
+_AUTH_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+
+
 def validate(params: Mapping[str, Any], route: Route) -> None:
-    """The cheap checks of a request's own fields (before routing): caps, ``n``, messages."""
+    """The cheap checks of a client's request body (before routing): credentials, caps, ``n``,
+    messages. Only here: the deployment's kwargs carry the deployment's own key."""
+    for name in CLIENT_CREDENTIALS:
+        if params.get(name) is not None:
+            raise InvalidRequest(name, f"{name}: a request may not choose the Ark account or endpoint "
+                                       "of a guarded deployment (the guard reserves in the "
+                                       "deployment's own account); it is refused")
+    headers = params.get("extra_headers")
+    for key in headers if isinstance(headers, Mapping) else ():
+        if str(key).lower() in _AUTH_HEADERS:
+            raise InvalidRequest(f"extra_headers.{key}", f"extra_headers.{key:.40}: a request may not "
+                                                         "send its own Ark credentials to a guarded "
+                                                         "deployment; it is refused")
     _check(upstream_view(params), params, route)
 
 

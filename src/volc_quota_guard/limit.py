@@ -101,6 +101,9 @@ class LimitState:
     # has settled at most this less the balance since the history began. None = not young.
     unseen_ref: int | None = None
     unseen_bound: int = 0  # ... and the most that may have run unseen then, not yet settled
+    # The generation replaced one a running guard lost (a wipe): held for Δ_assumed whatever the
+    # bound, since what was admitted after the last checkpoint is in no bound (billed 134,300).
+    lost: bool = False
     # Our recorded lifetime usage at the API's settled-through point is at least this (negative:
     # what ran before the history may be unsettled still); None = unknown. See `settled_floor`.
     settled_floor: int | None = None
@@ -130,6 +133,7 @@ class LimitState:
             generation=int(raw.get("generation") or 0),
             unseen_ref=optional_int(raw.get("unseen_ref")),
             unseen_bound=int(raw.get("unseen_bound") or 0),
+            lost=bool(raw.get("lost")),
             settled_floor=optional_int(raw.get("settled_floor")),
         )
 
@@ -214,18 +218,23 @@ def compute_limit(
     history_start_ms: int = 1,
     cold_start_admit: int = 0,
     unseen_tokens: int = 0,
+    lost: bool = False,
 ) -> LimitResult:
     """The pool's snapshot. `history_start_ms` is where our usage timeline begins (the state's
-    hist_at; 1 = long ago): before it covers Δ_assumed the snapshot holds the pool, letting
-    lifetime usage reach at most `cold_start_admit`; a new history is young: it keeps
-    `unseen_tokens` (what may have run unseen, not settled, before it began) off the free total."""
+    hist_at; 1 = long ago); a new history is young: it keeps `unseen_tokens` (what may have run
+    unseen, not settled, before it began) off the free total. Until the history covers
+    Δ_assumed the snapshot holds the pool (lifetime usage reaches at most `cold_start_admit`)
+    where no unseen bound applies or the history replaces a `lost` one."""
     balance = sum(p.available for p in packages)
     notes: list[str] = []
     if state.generation != history_start_ms and (state.generation, history_start_ms) != (0, 1):
         # Estimates of another generation are in another generation's lifetime coordinates;
         # what was learned about the API's lag still holds.
         state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance,
-                           unseen_bound=unseen_tokens)
+                           unseen_bound=unseen_tokens, lost=lost)
+    elif lost and not state.lost:  # found lost later (another process knew the old generation)
+        state = replace(state, lost=True, unseen_bound=max(state.unseen_bound, unseen_tokens)
+                        if state.unseen_ref is not None else state.unseen_bound)
     before = dict(state.packages)
     previous = (before, state.gone, state.last_sync_ms)
     ran_dry = any(before.get(p.instance_no, 0) > 0 and p.available == 0 for p in packages)
@@ -304,9 +313,12 @@ def compute_limit(
         state = replace(state, last_sync_ms=now_ms)
     else:
         state = replace(state, lowest_free_total=lowest, last_sync_ms=now_ms)
-    # Only a history without an unseen bound is held: with one, the young ceiling below bounds
-    # the free total whatever ran before (a hold on top refused 2.9% of the fuzz's served tokens).
-    held_until = history_start_ms + lag if history_ms < lag and state.unseen_bound <= 0 else 0
+    # A first start under an unseen bound is not held: the young ceiling below bounds the free
+    # total whatever ran before (a hold on top refused 2.9% of the fuzz's served tokens). A lost
+    # history is: its bound is a checkpoint up to a poll old, and a burst admitted since is in
+    # no bound (billed 134,300 under a 14-min lag without the hold: `wipe-after-an-unchecked-burst`).
+    held_until = (history_start_ms + lag
+                  if history_ms < lag and (state.unseen_bound <= 0 or state.lost) else 0)
     if external and state.anchor_free_total is not None:
         # Someone else drew on the pool: the anchor no longer holds; fall back to the estimates.
         lowest = min(lowest, state.anchor_free_total)

@@ -156,16 +156,38 @@ class SyncService:
             self.records.drop_sync_lock(account, self.owner)
 
     # -- history: checkpoints and lost state ------------------------------------------------
-    def checkpoint(self, pool: str) -> None:
+    def _last_seen(self, pool: str) -> Checkpoint | None:
+        """The last poll's checkpoint, raised to this process's latest gate answer of the same
+        generation: what the hook admitted after the poll is not lost with the state (a wipe
+        seconds after a burst burned 382,275 past the daily cap: fuzz seed 802)."""
+        seen = self.checkpoints.get(pool)
+        d = None if seen is None else self.gate.sighting(pool, seen.generation)
+        if seen is None or d is None:
+            return seen
+        settled = d.settled if seen.floor is None else max(d.settled, seen.floor)
+        unsettled = max(seen.unsettled, max(0, d.lifetime_worst - settled) + seen.young)
+        if d.day > seen.day:  # the answer is of a later Beijing day: its count is today's
+            return replace(seen, day=d.day, today=d.today_worst, unsettled=unsettled)
+        today = max(seen.today, d.today_worst) if d.day == seen.day else seen.today
+        return replace(seen, today=today, unsettled=unsettled)
+
+    def checkpoint(self, pool: str, account: str | None = None) -> None:
         """Read the pool's generation and today's count; report a generation that changed."""
         h = self.gate.history(pool)
         if h is None:
             return  # gone (or never synced): the sync that recreates it reports the loss
         gen = h["hist_at"] or 1
-        seen = self.checkpoints.get(pool)
+        seen = self._last_seen(pool)
         if seen is not None and seen.generation != gen:
+            bound = max(self.cfg.unseen_day_tokens, seen.unsettled)
+            if account is not None:
+                # The process that recreated the pool knew nothing of ours: the next sync (this
+                # tick's) holds the pool as lost and keeps what we saw unsettled off the wall.
+                self.records.write_sync_meta(account, {f"lost:{pool}": f"{gen}:{bound}", "next_at": 0})
             self._state_lost(pool, gen, seen, "its counters, usage timeline and snapshot "
-                             "(another process recreated them)", h)
+                             "(another process recreated them)", h,
+                             f"; the next sync holds it for Δ_assumed and keeps {bound:,} tokens off "
+                             "the balance wall until the API shows that much settled")
         if seen is not None and seen.generation == gen:
             self._remember(pool, gen, h, seen.lags, seen.young, seen.floor)
         else:
@@ -186,7 +208,7 @@ class SyncService:
                                             own + young, young, floor)
 
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
-                    h: dict[str, int] | None = None) -> None:
+                    h: dict[str, int] | None = None, start: str | None = None) -> None:
         """Log the loss once per generation; mark it in Redis and restore today's count."""
         decision = self.gate.recover(pool, gen, seen.day if seen else 0, seen.today if seen else 0)
         if (pool, gen) in self._reported or decision.reason != "recovered":
@@ -199,7 +221,8 @@ class SyncService:
         log.error("⛔ [STATE-LOST] %s: %s vanished while the guard was running; %s, and the daily "
                   "cap is lowered by %s until Beijing midnight%s", pool, what, today,
                   f"{self.cfg.unseen_day_tokens:,}",
-                  _start_text(gen, held_until, young.unseen_bound if young.unseen_ref is not None else 0),
+                  start if start is not None else _start_text(
+                      gen, held_until, young.unseen_bound if young.unseen_ref is not None else 0),
                   extra=BILLING_EVENT)
 
     # -- one sync -----------------------------------------------------------------------------
@@ -260,10 +283,13 @@ class SyncService:
         exists = status.decision.reason != "no_snapshot"
         # Where our history begins: the state's stamp, or now for the state this call creates.
         history_start = (status.get("hist_at") or 1) if exists else now
-        seen = self.checkpoints.get(pool)
+        seen = self._last_seen(pool)
         # A state this call creates is lost state when this process or the account's sync
         # record knew an earlier generation, else a first start.
         lost = not exists and (seen is not None or bool((meta or {}).get(f"gen:{pool}")))
+        # Another process saw this generation replace one it knew (`checkpoint`): lost too.
+        other_gen, _, other_bound = (meta or {}).get(f"lost:{pool}", "").partition(":")
+        other = other_gen == str(history_start) and other_bound.isdigit()
         if not state.lags and seen is not None and seen.lags:
             state = replace(state, lags=seen.lags)  # the estimator's state went: keep what we saw
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
@@ -281,8 +307,11 @@ class SyncService:
             daily_cap=cfg.daily_cap, max_age_ms=cfg.snapshot_max_age_minutes * MINUTE_MS,
             evict_below=cfg.evict_below, history_start_ms=history_start,
             cold_start_admit=cfg.cold_start_admit_tokens,
-            # Lost under this process: its own usage the API had not shown is unseen too.
-            unseen_tokens=max(cfg.unseen_day_tokens, seen.unsettled if lost and seen else 0))
+            # Lost under this process: its own usage the API had not shown yet (its last poll,
+            # raised by its later gate answers: `_last_seen`) is unseen too.
+            unseen_tokens=max(cfg.unseen_day_tokens, seen.unsettled if lost and seen else 0,
+                              int(other_bound) if other else 0),
+            lost=lost or other)
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,
@@ -350,7 +379,7 @@ class SyncService:
         for account, specs in sorted(by_account.items()):
             try:
                 for spec in specs:
-                    self.checkpoint(spec.pool)
+                    self.checkpoint(spec.pool, account)
                 outcomes.append(self.maybe_sync(account, specs))
             except StoreUnavailable as exc:  # every Redis failure arrives as this (gate/store.py)
                 metrics.sync_failed(account, exc)

@@ -79,9 +79,10 @@ def test_a_first_start_without_an_unseen_bound_holds_for_the_lag(make_world, cap
 
 
 def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_world, caplog):
-    """After a wipe a fresh process recreates the pool (it knows nothing: COLD-START); the
-    running one finds the generation changed, reports ⛔ STATE-LOST, marks it in Redis and
-    raises today's count to its checkpoint; both see the same young bound."""
+    """After a wipe a fresh process recreates the pool (it knows nothing: COLD-START, not held);
+    the running one finds the generation changed, reports ⛔ STATE-LOST, marks it in Redis,
+    raises today's count to its checkpoint and syncs at once: the pool is held as lost state,
+    with what it saw unsettled kept off the wall; both processes see the hold."""
     w = make_world("2026-08-20 13:00", lag_minutes=4, small_buffer=10_000, **HELD)
     w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
     old = w.service()
@@ -95,16 +96,21 @@ def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_w
     with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
         fresh.tick()
         assert "[COLD-START]" in caplog.text and "[STATE-LOST]" not in caplog.text
-        assert w.gate.status(POOL).get("hist_lost") == 0
+        st = w.gate.status(POOL)
+        assert st.get("hist_lost") == 0 and st.get("hold_until") == 0
+        assert st.decision.balance_wall == st.get("balance") - 200_000 - 10_000  # A alone
         old.tick()
     lost = [r.getMessage() for r in caplog.records if "[STATE-LOST]" in r.getMessage()]
     assert len(lost) == 1 and f"today's usage restored to {today:,}" in lost[0], lost
-    assert "the balance wall keeps 200,000 tokens off until the API shows that much settled" in lost[0]
+    assert "; the next sync holds it for Δ_assumed and keeps " in lost[0]
     st = w.gate.status(POOL)
-    assert st.get("hist_lost") == 1 and st.get("day_usage") == today and st.get("hold_until") == 0
+    assert st.get("hist_lost") == 1 and st.get("day_usage") == today
+    assert st.get("hold_until") == st.get("hist_at") + 20 * MIN  # the old process's sync, this tick
     assert st.decision.daily_cap == 2_000_000 - 200_000  # today's unseen part, whoever created it
-    # The new generation's wall: its first balance less the bound and SMALL_BUFFER.
-    assert st.decision.balance_wall == st.get("balance") - 200_000 - 10_000
+    young = LimitState.from_json(w.gate.records.limit_state(POOL))
+    assert young.lost and young.unseen_bound > 200_000  # the margin and what the old one saw unsettled
+    for svc in (old, fresh):
+        assert w.gate.reserve(POOL, f"probe-{id(svc)}", 1_000).reason == "balance_wall"
     old.tick()
     assert sum("[STATE-LOST]" in r.getMessage() for r in caplog.records) == 1, "logged once"
 
@@ -132,7 +138,7 @@ def test_a_checkpoint_counts_in_flight_prompts_at_the_miscount_ceiling(make_worl
 
 def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(make_world, caplog):
     """The pool's keys vanish but the account's sync record survives: even a process that never
-    saw the pool knows from Redis that it had a history, and treats it as lost state."""
+    saw the pool knows from Redis that it had a history, and holds it as lost state."""
     w = make_world("2026-08-20 13:00", lag_minutes=4, **HELD)
     w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
     first = w.service()
@@ -148,9 +154,9 @@ def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(m
     assert "⛔ [STATE-LOST] acct-a/deepseek-v4-flash-ga-260731: the pool's counters" in caplog.text
     assert "today's usage before the loss is unknown" in caplog.text
     st = w.gate.status(POOL)
-    assert st.get("hist_lost") == 1 and st.get("hold_until") == 0
+    assert st.get("hist_lost") == 1 and st.get("hold_until") > w.clock.now_ms()
     assert st.decision.daily_cap == 2_000_000 - 200_000
-    assert st.decision.balance_wall == st.get("balance") - 200_000 - w.cfg.small_buffer
+    assert st.decision.balance_wall == 0  # held: VQG_COLD_START_ADMIT_TOKENS
 
 
 def test_estimates_of_a_lost_generation_are_not_carried_into_the_new_one(make_world):
@@ -171,8 +177,10 @@ def test_estimates_of_a_lost_generation_are_not_carried_into_the_new_one(make_wo
     assert new.generation == w.gate.status(POOL).get("hist_at") != old.generation
     assert new.lowest_free_total is None  # the history does not cover Δ: no estimate is a bound
     assert new.lags == ((w.clock.now_ms(), 30 * MIN),)
-    # The kept 30-min lag sets Δ_assumed = 30 × 1.25 + 2 = 39.5 min.
+    # The kept 30-min lag sets Δ_assumed = 30 × 1.25 + 2 = 39.5 min: the lost state's hold.
     assert assumed_lag_ms(new, w.clock.now_ms(), 20 * MIN) == int(30 * MIN * 1.25) + 2 * MIN
+    st = w.gate.status(POOL)
+    assert st.get("hold_until") == st.get("hist_at") + int(30 * MIN * 1.25) + 2 * MIN
 
 
 @pytest.mark.parametrize("admit", [0, 30_000])

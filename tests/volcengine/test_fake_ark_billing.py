@@ -224,6 +224,26 @@ def test_the_counted_prompt_includes_every_message_tools_and_response_format(
     assert usage_of(post(fake, messages, response_format=schema))["prompt_tokens"] > plain + 60
 
 
+def test_legacy_functions_tool_choice_and_message_names_are_billed(fake: FakeVolcengine) -> None:
+    """What Ark renders besides messages and tools is billed as its text, the dearer reading (a
+    red-team pass found 20 legacy functions billed 18 tokens): `functions`, a named
+    `function_call`/`tool_choice`; on DeepSeek models a user message's `name` and
+    `reasoning_content`, which the DeepSeek template count does not read."""
+    messages = [{"role": "user", "content": "hi [[fake completion=1]]"}]
+    plain = usage_of(post(fake, messages))["prompt_tokens"]
+    functions = [{"name": f"f{i}", "description": "look a word up in the big dictionary " * 20,
+                  "parameters": {"type": "object"}} for i in range(5)]
+    billed = usage_of(post(fake, messages, functions=functions, function_call={"name": "f1"}))
+    assert billed["prompt_tokens"] > plain + 5 * 20 * 7
+    named = {"type": "function", "function": {"name": "lookup_" + "x" * 400}}
+    assert usage_of(post(fake, messages, tool_choice=named))["prompt_tokens"] > plain + 50
+    assert usage_of(post(fake, messages, tool_choice="auto"))["prompt_tokens"] == plain
+    long = "a long name that the template renders " * 40
+    named_user = [{"role": "user", "name": long, "reasoning_content": long,
+                   "content": "hi [[fake completion=1]]"}]
+    assert usage_of(post(fake, named_user))["prompt_tokens"] > plain + 2 * 40 * 7
+
+
 def test_unknown_fields_such_as_merged_extra_body_keys_are_accepted(
         fake: FakeVolcengine) -> None:
     """Fields LiteLLM merges from extra_body (thinking, caching, anything) do not break a call."""

@@ -67,6 +67,19 @@ def test_max_output_tokens_bounds_reasoning_and_answer(fake: FakeVolcengine) -> 
     assert uncapped["usage"]["output_tokens"] == 18_000  # no default cap on Responses
 
 
+def test_a_text_format_schema_and_a_named_tool_choice_are_billed(fake: FakeVolcengine) -> None:
+    """`text.format` (a JSON schema), a named `tool_choice` and `context_management` reach Ark:
+    their JSON is billed as prompt text (a red-team pass found a 13,780-token schema billed 18)."""
+    plain = respond(fake, "hi [[fake completion=1]]").json()["usage"]["input_tokens"]
+    schema = {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "description": "a long description of the answer " * 40}}}
+    with_schema = respond(fake, "hi [[fake completion=1]]", text=schema).json()["usage"]
+    assert with_schema["input_tokens"] > plain + 40 * 6
+    choice = {"type": "function", "name": "lookup_" + "x" * 400}
+    assert respond(fake, "hi [[fake completion=1]]", tool_choice=choice).json()["usage"][
+        "input_tokens"] > plain + 50
+
+
 def test_reasoning_switches_on_the_responses_api(fake: FakeVolcengine) -> None:
     """reasoning.effort minimal or thinking disabled turn reasoning off; it is on otherwise."""
     text = "[[fake prompt=1 completion=10 reasoning=300]]"

@@ -307,6 +307,29 @@ def count_text_tokens(text: str, model: str | None = None, state: Any = None) ->
     return max(doubao, int(_litellm().token_counter(model="gpt-3.5-turbo", text=text)))
 
 
+# Request fields Ark renders into the prompt besides the messages and tools: their JSON is
+# billed as text (the dearer reading: Ark's template for them is not documented). A red-team
+# pass found the fake billed 18 tokens for 20 legacy functions the guard reserved 120,990 for.
+PROMPT_FIELDS = ("functions", "function_call", "tool_choice", "response_format", "text",
+                 "context_management")
+# Message fields a chat template may render besides role and content (DeepSeek's count above
+# reads only what its template knows).
+MESSAGE_TEXT_FIELDS = ("name", "reasoning_content")
+
+
+def extra_prompt_tokens(request: dict[str, Any], messages: list[Any], model: str | None,
+                        state: Any = None) -> int:
+    """Tokens of `PROMPT_FIELDS` that are objects or lists (a named tool choice, a schema) and,
+    for DeepSeek models, of `MESSAGE_TEXT_FIELDS` outside assistant
+    turns, where the DeepSeek count does not read them."""
+    parts = [json.dumps(request[f], ensure_ascii=False) for f in PROMPT_FIELDS
+             if isinstance(request.get(f), (dict, list))]
+    if is_deepseek(model):
+        parts += [m[f] for m in messages if isinstance(m, dict) and m.get("role") != "assistant"
+                  for f in MESSAGE_TEXT_FIELDS if isinstance(m.get(f), str)]
+    return count_text_tokens("\n".join(parts), model, state) if parts else 0
+
+
 def split_content(content: Any, media_per_part: int) -> tuple[Any, int]:
     """(the content's text parts only, the media tokens of its other parts)."""
     if not isinstance(content, list):
@@ -412,10 +435,8 @@ def _chat_bill(state: FakeState, request: dict[str, Any], directive: Directive) 
     text = directive.prompt if directive.prompt is not None else defaults.prompt_tokens
     if text is None:
         model = request.get("model")
-        text = count_prompt_tokens(text_messages, tools, model, state)
-        if isinstance(request.get("response_format"), dict):
-            text += count_text_tokens(json.dumps(request["response_format"], ensure_ascii=False),
-                                      model, state)
+        text = count_prompt_tokens(text_messages, tools, model, state) \
+            + extra_prompt_tokens(request, text_messages, model, state)
     max_tokens = int_field(request, "max_tokens", 0, None)
     max_completion = int_field(request, "max_completion_tokens", 0, MAX_COMPLETION_TOKENS)
     if max_tokens is not None and max_completion is not None:

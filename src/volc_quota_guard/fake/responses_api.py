@@ -38,6 +38,7 @@ from .ark_api import (
     authenticate,
     consumed_tokens,
     count_prompt_tokens,
+    extra_prompt_tokens,
     int_field,
     load_body,
     openai_error,
@@ -153,7 +154,8 @@ def _create(state: FakeState, account: str, body: bytes) -> Reply | StreamReply:
         functions, other_tools = _chat_tools(request.get("tools"))
         text = directive.prompt if directive.prompt is not None else defaults.prompt_tokens
         if text is None:
-            text = count_prompt_tokens(messages + other_tools, functions, request.get("model"), state)
+            text = count_prompt_tokens(messages + other_tools, functions, request.get("model"), state) \
+                + extra_prompt_tokens(request, messages, request.get("model"), state)
         previous_id = request.get("previous_response_id")
         chain = 0
         if previous_id is not None:

@@ -82,6 +82,7 @@ class PoolModel:
     xcorr_n: int = 0
     inflight_xest: int = 0
     inflight_xest_res: int = 0
+    hist_at: int = 0  # the state's generation: when it was created
     k: int = PPM  # the correction now (derived, not stored)
     kx: int = XCORR_FLOOR  # the exact class's correction now (derived, not stored)
     reservations: dict[str, Held] = field(default_factory=dict)
@@ -251,10 +252,14 @@ class PoolModel:
     def answer(self, status: str, reason: str, amount: int, overrun: bool = False,
                input_reserved: int = 0) -> Decision:
         hb, hc = self.headrooms()
+        ceiling = self.corr_max or 3 * PPM
+        worst = self.inflight + sum(max(0, corrected(est, ceiling) - res) for est, res in (
+            (self.inflight_est, self.inflight_est_res), (self.inflight_xest, self.inflight_xest_res)))
         return Decision(status, reason, amount, min(hb, hc), self.ucum + self.held(),
                         self.balance_wall(), self.day_count() + self.held(), self.cap,
                         self.inflight, self.evicted_until, overrun, self.balance, input_reserved,
-                        self.k, self.kx)
+                        self.k, self.kx, self.hist_at, self.day, self.day_usage + worst,
+                        self.ucum + worst, self.settled)
 
 
 _NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False, 0, 0, 0, 0)
@@ -388,7 +393,7 @@ class GateModel:
             raise GateError("bad_amount", "day reconcile: step, since and from must be non-negative integers")
         p = self.pools.get(pool)
         if p is None:
-            p = self.pools[pool] = PoolModel(day=beijing_day(now))
+            p = self.pools[pool] = PoolModel(day=beijing_day(now), hist_at=now)
         p.housekeep(now)
         p.snap_at, p.balance, p.expiring, p.buffer, p.cap = (
             now, s.balance, s.expiring, s.small_buffer, s.daily_cap)

@@ -9,6 +9,7 @@ share the argument building and answer parsing below, so they cannot drift apart
 from __future__ import annotations
 
 import json
+import threading
 import time
 from functools import cache
 from importlib import resources
@@ -35,6 +36,29 @@ def script_source(verb: str) -> str:
     return lua.joinpath("_common.lua").read_text() + "\n" + lua.joinpath(f"{verb}.lua").read_text()
 
 
+# Every gate of this process (the hook's and the sync thread's) keeps each pool's latest answer
+# per generation: if the state is lost, what was admitted after the sync thread's last poll is
+# in it (sync.py). Two generations are kept: a new one's answers must not hide the lost one's.
+_SIGHTINGS: dict[tuple[str, str], dict[int, Decision]] = {}
+_SIGHTINGS_LOCK = threading.Lock()
+
+
+def _sighted(keyspace: KeySpace, pool: str, d: Decision) -> Decision:
+    if d.generation > 0:
+        with _SIGHTINGS_LOCK:
+            gens = _SIGHTINGS.setdefault((keyspace.prefix, pool), {})
+            gens[d.generation] = d
+            if len(gens) > 2:
+                del gens[min(gens)]
+    return d
+
+
+def sighting(keyspace: KeySpace, pool: str, generation: int) -> Decision | None:
+    """This process's latest answer for `pool` in state generation `generation`, if any."""
+    with _SIGHTINGS_LOCK:
+        return _SIGHTINGS.get((keyspace.prefix, pool), {}).get(generation)
+
+
 def _parse(raw: list[Any]) -> Decision:
     vals = [v.decode() if isinstance(v, bytes) else v for v in raw]
     if vals[0] == "error":
@@ -45,6 +69,8 @@ def _parse(raw: list[Any]) -> Decision:
         daily_cap=int(vals[7]), inflight=int(vals[8]), evicted_until=int(vals[9]),
         overrun=bool(int(vals[10])), balance_at_sync=int(vals[11]), input_reserved=int(vals[12]),
         correction_ppm=int(vals[13]), exact_correction_ppm=int(vals[14]),
+        generation=int(vals[15]), day=int(vals[16]), today_worst=int(vals[17]),
+        lifetime_worst=int(vals[18]), settled=int(vals[19]),
     )
 
 
@@ -134,7 +160,8 @@ class Gate:
 
     def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
         keys = self.args.keys(pool).gate_keys(verb)
-        return _parse(_call(lambda: self._scripts[verb](keys=keys, args=args)))
+        return _sighted(self.args.keyspace, pool,
+                        _parse(_call(lambda: self._scripts[verb](keys=keys, args=args))))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
                 ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
@@ -175,6 +202,10 @@ class Gate:
         raise today's usage to `seen_today` (what this process saw before the loss) if `day` is
         today. `reason` is 'recovered', or 'generation' when the state is another generation."""
         return self._run("recover", pool, self.args.recover(generation, day, seen_today))
+
+    def sighting(self, pool: str, generation: int) -> Decision | None:
+        """This process's latest answer for `pool` in state generation `generation` (any gate's)."""
+        return sighting(self.args.keyspace, pool, generation)
 
     def history(self, pool: str) -> dict[str, int] | None:
         """The pool's generation and today's count, one read: None when the pool has no state."""
@@ -266,7 +297,8 @@ class AsyncGate:
 
     async def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
         keys = self.args.keys(pool).gate_keys(verb)
-        return _parse(await _acall(lambda: self._scripts[verb](keys=keys, args=args)))
+        return _sighted(self.args.keyspace, pool,
+                        _parse(await _acall(lambda: self._scripts[verb](keys=keys, args=args))))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
                       ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:

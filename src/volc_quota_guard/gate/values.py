@@ -41,6 +41,14 @@ class Decision:
     input_reserved: int = 0  # reserve: the estimated input with the correction applied
     correction_ppm: int = PPM  # the pool's estimate correction k now, parts per million
     exact_correction_ppm: int = PPM  # the exact class's correction kx now (gate.md, "Exact counts")
+    # What a process remembers of the pool (sync.py's checkpoint): the state's generation and
+    # Beijing day, today's and lifetime usage with in-flight prompts at the miscount ceiling
+    # (what a wipe's lost reservations count), and the settled usage of the last snapshot.
+    generation: int = 0
+    day: int = 0
+    today_worst: int = 0
+    lifetime_worst: int = 0
+    settled: int = 0
 
     @property
     def admitted(self) -> bool:

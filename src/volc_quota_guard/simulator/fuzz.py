@@ -123,6 +123,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _exact_counts(seed, out)
     _ark_api_counts(seed, out)
     _lag_incident(seed, out, start.hour * 60)
+    _burst_before_wipe(seed, out)
     return out
 
 
@@ -150,6 +151,37 @@ def _busy_first_start(seed: int, scenario: dict[str, object], start: datetime) -
         "every_seconds": round(span * 60 * concurrency / requests, 1), "concurrency": concurrency,
         "prompt": size * 4 // 5, "completion": size // 5, "estimate_ratio": round(rng.uniform(0.8, 1.2), 2),
         "duration_seconds": rng.choice([5, 20, 60])})
+
+
+def _burst_before_wipe(seed: int, scenario: dict[str, object]) -> None:
+    """Half the wipes come seconds after a burst the sync thread's last poll did not see (a
+    checkpoint is up to a poll old), from a generator of its own: 8-32 requests a second after
+    the poll, settled or in flight when the store goes, then traffic that would spend the pool
+    (`wipe-after-an-unchecked-burst` billed 134,300 before a lost history was held again)."""
+    rng = random.Random(f"wipe-burst-{seed}")
+    wipe = scenario.get("wipe_at")
+    if not isinstance(wipe, str) or rng.random() < 0.5:
+        return
+    hour, minute = map(int, wipe.split(":"))
+    scenario["wipe_at"] = f"{wipe}:0{rng.randint(2, 4)}"
+    completion = _log_uniform(rng, 100, 2_000)
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    # One deployment, one counting method: the new lines count as the first one does.
+    counts: dict[str, object] = {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio")
+                                 if k in traffic[0]}
+    traffic.append({"at": f"{wipe}:01", "day": 1, "concurrency": rng.choice([8, 16, 24, 32]),
+                    "prompt": _log_uniform(rng, 2_000, 30_000), "completion": completion,
+                    "max_tokens": 2 * completion, "duration_seconds": rng.choice([1, 2, 3, 5]), **counts})
+    begin = hour * 60 + minute + 1
+    if begin >= 24 * 60 - 2:
+        return
+    packages: list[dict[str, object]] = scenario["packages"]  # type: ignore[assignment]
+    requests, span, concurrency = rng.randint(60, 200), rng.randint(10, 60), rng.choice([1, 2, 4])
+    size = max(500, int(sum(int(str(p["amount"])) for p in packages) * rng.uniform(0.5, 1.5) / requests))
+    traffic.append({"from": _hhmm(begin), "to": _hhmm(min(24 * 60 - 1, begin + span)), "day": 1,
+                    "every_seconds": round(span * 60 * concurrency / requests, 1),
+                    "concurrency": concurrency, "prompt": size * 4 // 5, "completion": size // 5,
+                    "max_tokens": size // 5 + 100, "duration_seconds": rng.choice([2, 5, 20]), **counts})
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:

@@ -284,10 +284,23 @@ local function update_eviction(st)
   end
 end
 
+-- In-flight prompts at the pool's miscount ceiling beyond what they reserved: what they count
+-- if they settle without usage, as every one does when a wipe loses its reservation.
+local function inflight_at_ceiling(st)
+  local ceiling = st.corr_max > 0 and st.corr_max or 3 * PPM
+  return math.max(0, corrected(st.inflight_est, ceiling) - st.inflight_est_res)
+    + math.max(0, corrected(st.inflight_xest, ceiling) - st.inflight_xest_res)
+end
+
+-- The tail (generation, Beijing day, today's and lifetime usage with in-flight at the ceiling,
+-- settled) is what a process remembers of the pool from its latest answer (gate `sighting`):
+-- if the state is lost, what it admitted after the sync thread's last poll is not lost too.
 local function answer(st, status, reason, amount, overrun, input_reserved)
   local hb, hc = headrooms(st)
   local held = st.inflight + margin(st)
+  local worst = st.inflight + inflight_at_ceiling(st)
   return {status, reason, amount, math.min(hb, hc), st.ucum + held, wall_balance(st),
     day_count(st) + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
-    input_reserved or 0, st.k or PPM, st.kx or XCORR_FLOOR}
+    input_reserved or 0, st.k or PPM, st.kx or XCORR_FLOOR,
+    st.hist_at, st.day, st.day_usage + worst, st.ucum + worst, st.settled}
 end

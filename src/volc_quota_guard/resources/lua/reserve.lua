@@ -21,7 +21,7 @@ if class ~= '' and class ~= 'exact' then return err('bad_class', "counting class
 local exact = class == 'exact'
 
 local st = load()
-if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
+if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
 housekeep(st, now)
 local reason, granted, status, est_res = nil, 0, 'refused', corrected(est, exact and st.kx or st.k)
 local live = redis.call('HGET', K_RES, id)
