@@ -356,3 +356,30 @@ def test_a_bad_counting_class_is_refused_without_a_write(gate, clock, client, ke
                  args=[str(clock.now_ms()), "r", "10", "10", "60000", "5", "fuzzy"])
     assert [v.decode() if isinstance(v, bytes) else v for v in raw[:2]] == ["error", "bad_class"]
     assert client.hgetall(keyspace.pool(POOL).state) == before
+
+
+def test_a_process_keeps_its_latest_answer_per_generation(gate, client, keyspace, clock):
+    """Every answer carries the state's generation, today's and lifetime usage with in-flight
+    prompts at the miscount ceiling; the process keeps the latest per generation (the last two),
+    so a wipe cannot take what it admitted after its last poll."""
+    first = gate.install_snapshot(POOL, snap(clock)).generation
+    assert first == T0
+    d = gate.reserve(POOL, "a", 7_000, input_tokens=1_000)  # the input held at k = 1.7
+    seen = gate.sighting(POOL, first)
+    assert seen == d and d.generation == first
+    # In flight at the ceiling: 1,000 × 3.0 where 1,700 was held.
+    assert d.today_worst == d.lifetime_worst == d.inflight + 3_000 - 1_700
+    gate.settle(POOL, "a", 2_500, measured_input=1_000)
+    assert gate.sighting(POOL, first).today_worst == 2_500  # the latest answer wins
+
+    def wipe_and_start_over(at: int) -> int:
+        for key in client.scan_iter(f"{keyspace.prefix}:*"):
+            client.delete(key)
+        clock.set(at)
+        return gate.install_snapshot(POOL, snap(clock)).generation
+
+    second = wipe_and_start_over(T0 + 60_000)
+    assert gate.sighting(POOL, first).today_worst == 2_500  # the lost generation's stays
+    third = wipe_and_start_over(T0 + 120_000)
+    assert gate.sighting(POOL, first) is None
+    assert gate.sighting(POOL, second) is not None and gate.sighting(POOL, third) is not None

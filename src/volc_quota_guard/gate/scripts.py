@@ -48,8 +48,8 @@ def _sighted(keyspace: KeySpace, pool: str, d: Decision) -> Decision:
         with _SIGHTINGS_LOCK:
             gens = _SIGHTINGS.setdefault((keyspace.prefix, pool), {})
             gens[d.generation] = d
-            if len(gens) > 2:
-                del gens[min(gens)]
+            if len(gens) > 2:  # the first seen goes (a simulator's clock may run backwards)
+                del gens[next(iter(gens))]
     return d
 
 
@@ -57,6 +57,13 @@ def sighting(keyspace: KeySpace, pool: str, generation: int) -> Decision | None:
     """This process's latest answer for `pool` in state generation `generation`, if any."""
     with _SIGHTINGS_LOCK:
         return _SIGHTINGS.get((keyspace.prefix, pool), {}).get(generation)
+
+
+def forget_sightings(keyspace: KeySpace) -> None:
+    """Drop what this process kept of the pools under `keyspace` (a simulator run's end)."""
+    with _SIGHTINGS_LOCK:
+        for key in [k for k in _SIGHTINGS if k[0] == keyspace.prefix]:
+            del _SIGHTINGS[key]
 
 
 def _parse(raw: list[Any]) -> Decision:

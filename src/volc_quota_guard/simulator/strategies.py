@@ -30,6 +30,7 @@ from ..errors import GateError
 from ..fake.ledger import Ledger
 from ..gate import Gate
 from ..gate.keys import KeySpace
+from ..gate.scripts import forget_sightings
 from ..gate.store import connect
 from ..limit import LimitResult, LimitState
 from ..sync import BURST_SPACING_MS, SyncService
@@ -184,7 +185,9 @@ class GuardStrategy:
         self.store_url = store_url
         client = connect(store_url, single_thread=True) if store_url else fakeredis.FakeRedis(
             server=fakeredis.FakeServer())
-        self.gate = Gate(client, KeySpace(f"sim-{uuid.uuid4().hex[:12]}" if store_url else "sim"), clock)
+        # A prefix of its own on either store: this process's gate answers are kept per prefix
+        # (`Gate.sighting`), and another run's must not be read as this one's.
+        self.gate = Gate(client, KeySpace(f"sim-{uuid.uuid4().hex[:12]}"), clock)
         self.lister = LedgerLister(ledger, ACCOUNT, clock)
         self.sync = SyncService(cfg, self.gate, pools=lambda: [PoolSpec(POOL)],
                                 lister_for=lambda account: self.lister)
@@ -202,6 +205,7 @@ class GuardStrategy:
         return self.lister.calls
 
     def close(self) -> None:
+        forget_sightings(self.gate.args.keyspace)
         if self.store_url:
             try:
                 self.gate.records.clear()
