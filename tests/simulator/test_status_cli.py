@@ -95,17 +95,23 @@ def test_status_with_no_pools_says_where_it_looked(keyspace: KeySpace, capsys: p
     assert f"no guarded pools under prefix {keyspace.prefix!r}" in capsys.readouterr().out
 
 
-def test_status_and_metrics_show_a_held_pool(store_url: str, keyspace: KeySpace,
-                                              monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """A pool whose first snapshot holds it (history shorter than the lag) shows `🕒 HELD (cold
-    start) until HH:MM` in `status`, its hold and unseen-day fields in `--json`, and `vqg_held 1`."""
+def _cli_gate(store_url: str, keyspace: KeySpace, monkeypatch: pytest.MonkeyPatch) -> tuple[Gate, int]:
+    """A gate on the store the CLI reads (its env set), and the server's time now (ms)."""
     monkeypatch.setenv("VQG_REDIS_URL", store_url)
     monkeypatch.setenv("VQG_KEY_PREFIX", keyspace.prefix)
     client = connect(store_url)
     sec, usec = client.time()
     now = int(sec) * 1000 + int(usec) // 1000
     gate = Gate(client, keyspace)
+    return gate, now
+
+
+def test_status_and_metrics_show_a_held_pool(store_url: str, keyspace: KeySpace,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A pool whose first snapshot holds it (history shorter than the lag) shows `🕒 HELD (cold
+    start) until HH:MM` in `status`, its hold and unseen-day fields in `--json`, and `vqg_held 1`."""
+    gate, now = _cli_gate(store_url, keyspace, monkeypatch)
     gate.install_snapshot(BUSY, Snapshot(
         balance=300_000, settled_usage=0, expiring=0, small_buffer=10_000, daily_cap=2_000_000,
         valid_until_ms=now + 85 * MIN, hold_until_ms=now + 20 * MIN, hold_cap=0,
@@ -130,12 +136,7 @@ def test_status_and_metrics_show_a_young_pool(store_url: str, keyspace: KeySpace
     """A first start under the unseen bound is not held: `status` shows `🕒 YOUNG (cold start):
     200,000 kept off the balance` with when that ends at the latest, `--json` the same fields,
     and /metrics `vqg_unseen_balance_tokens`; the wall is the balance less the bound."""
-    monkeypatch.setenv("VQG_REDIS_URL", store_url)
-    monkeypatch.setenv("VQG_KEY_PREFIX", keyspace.prefix)
-    client = connect(store_url)
-    sec, usec = client.time()
-    now = int(sec) * 1000 + int(usec) // 1000
-    gate = Gate(client, keyspace)
+    gate, now = _cli_gate(store_url, keyspace, monkeypatch)
     gate.install_snapshot(BUSY, Snapshot(
         balance=300_000, settled_usage=0, expiring=200_000, small_buffer=10_000, daily_cap=2_000_000,
         valid_until_ms=now + 85 * MIN, unseen_day_tokens=200_000))
