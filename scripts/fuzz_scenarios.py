@@ -72,9 +72,17 @@ def main() -> int:
                           ("exact", "DeepSeek (exact)")):
         print(waste(f"  {label}", [c for c in cases if c.counting == method]))
     if args.worst:
-        for c in sorted(cases, key=lambda c: c.refused_while_free + c.stranded, reverse=True)[:args.worst]:
-            print(f"  seed {c.seed}: served {c.served_tokens:,} refused while free "
-                  f"{c.refused_while_free:,} stranded {c.stranded:,}")
+        def steady(c: FuzzCase) -> int:
+            return c.refused_while_free - c.refused_at_start + c.stranded - c.stranded_at_start
+
+        for rank, title in ((lambda c: c.refused_while_free + c.stranded, "all of it"),
+                            (steady, "outside history starts")):
+            print(f"the {args.worst} seeds that wasted the most, {title}:")
+            for c in sorted(cases, key=rank, reverse=True)[:args.worst]:
+                print(f"  seed {c.seed} ({c.counting}): served {c.served_tokens:,} refused while free "
+                      f"{c.refused_while_free:,} stranded {c.stranded:,} · outside history starts "
+                      f"{c.refused_while_free - c.refused_at_start:,} / "
+                      f"{c.stranded - c.stranded_at_start:,}")
     return 1 if failed else 0
 
 

@@ -76,7 +76,7 @@ _UNBILLED = frozenset({
     "presence_penalty", "logit_bias", "service_tier", "parallel_tool_calls", "store",
     "truncation", "include", "encoding_format", "dimensions", "top_k", "max_retries",
     "extra_headers", "timeout", "background", "previous_response_id",
-    "tool_choice", "expire_at", "prompt_cache_key", "safety_identifier",
+    "expire_at", "prompt_cache_key", "safety_identifier",
     *OUTPUT_PARAMS,
 })
 # Server-side context the guard cannot size (it never saw it being built).
@@ -313,7 +313,7 @@ def plan_output(*, answer_cap: int | None, total_cap: int | None, thinking: bool
 # A client's own credentials or endpoint: LiteLLM lets them override the deployment's, so Ark
 # would bill an account other than the pool the guard reserves in (found by a red-team pass).
 CLIENT_CREDENTIALS = ("api_key", "api_base", "base_url")
-_AUTH_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+AUTH_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
 
 def validate(params: Mapping[str, Any], route: Route) -> None:
@@ -324,13 +324,38 @@ def validate(params: Mapping[str, Any], route: Route) -> None:
             raise InvalidRequest(name, f"{name}: a request may not choose the Ark account or endpoint "
                                        "of a guarded deployment (the guard reserves in the "
                                        "deployment's own account); it is refused")
-    headers = params.get("extra_headers")
-    for key in headers if isinstance(headers, Mapping) else ():
-        if str(key).lower() in _AUTH_HEADERS:
-            raise InvalidRequest(f"extra_headers.{key}", f"extra_headers.{key:.40}: a request may not "
-                                                         "send its own Ark credentials to a guarded "
-                                                         "deployment; it is refused")
+    if params.get("custom_llm_provider") is not None:
+        # Another provider's transformation of a guarded deployment's call: its caps and fields
+        # are no longer the ones the guard sized, and a provider that errors puts the
+        # deployment in cooldown for every client.
+        raise InvalidRequest("custom_llm_provider", "custom_llm_provider: a request may not choose "
+                                                    "the provider of a guarded deployment; it is refused")
+    if params.get("stream") is not None and not isinstance(params["stream"], bool):
+        # LiteLLM reads a non-boolean stream one way and sends it another (a /v1/messages call
+        # answered as a stream of a non-stream reply was retried: 3 upstream calls for one).
+        raise InvalidRequest("stream", "stream must be true or false")
+    # LiteLLM sends both `extra_headers` and `headers` (a mapping, or a list of pairs httpx
+    # accepts) with the upstream request: either can carry another account's Ark key.
+    for name in ("extra_headers", "headers"):
+        for key in _header_names(params.get(name), name):
+            if str(key).strip().lower() in AUTH_HEADERS:
+                raise InvalidRequest(f"{name}.{key}", f"{name}.{key:.40}: a request may not "
+                                                      "send its own Ark credentials to a guarded "
+                                                      "deployment; it is refused")
     _check(upstream_view(params), params, route)
+
+
+def _header_names(headers: object, field: str) -> list[object]:
+    """The header names of a client's `headers` / `extra_headers` value; a shape the guard cannot
+    read (that httpx might still send) is refused."""
+    if headers is None:
+        return []
+    if isinstance(headers, Mapping):
+        return list(headers)
+    if isinstance(headers, list | tuple) and all(
+            isinstance(pair, list | tuple) and len(pair) == 2 for pair in headers):
+        return [pair[0] for pair in headers]
+    raise InvalidRequest(field, f"{field} must be an object of header names and values")
 
 
 def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> None:

@@ -15,6 +15,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .errors import ConfigError
 
 MIN_OUTPUT_TOKENS = 256  # a clamped answer shorter than this is useless: block instead
+UPSTREAM_TIMEOUT_S = 6000.0  # LiteLLM's default request timeout (`litellm.request_timeout`)
+KEEP_TTL_FACTOR = 4  # a reservation is kept (and renewed) at least this many TTLs
+
+
+def reservation_keep_s(ttl_s: float, timeout_s: float = UPSTREAM_TIMEOUT_S) -> float:
+    """How long the proxy keeps a reservation and renews its deadline (a TTL ahead, every third
+    of one) while its request may still run: the call's upstream timeout plus a TTL."""
+    return max(KEEP_TTL_FACTOR * ttl_s, timeout_s + ttl_s)
 
 
 class Settings(BaseSettings):

@@ -70,6 +70,7 @@ class Checkpoint:
     unsettled: int = 0
     young: int = 0  # the generation's unseen bound while it is young (limit.py), else 0
     floor: int | None = None  # the last sync's settled floor (limit.settled_floor)
+    ucum: int = 0  # the most lifetime usage seen in this generation (it never goes down)
 
 
 def _start_text(history_start: int, held_until: int, young: int) -> str:
@@ -166,6 +167,7 @@ class SyncService:
             return seen
         settled = d.settled if seen.floor is None else max(d.settled, seen.floor)
         unsettled = max(seen.unsettled, max(0, d.lifetime_worst - settled) + seen.young)
+        seen = replace(seen, ucum=max(seen.ucum, d.ucum))
         if d.day > seen.day:  # the answer is of a later Beijing day: its count is today's
             return replace(seen, day=d.day, today=d.today_worst, unsettled=unsettled)
         today = max(seen.today, d.today_worst) if d.day == seen.day else seen.today
@@ -173,10 +175,25 @@ class SyncService:
 
     def checkpoint(self, pool: str, account: str | None = None) -> None:
         """Read the pool's generation and today's count; report a generation that changed."""
+        before = self._last_seen(pool)  # taken before the read: its answers ran before it too
         h = self.gate.history(pool)
         if h is None:
             return  # gone (or never synced): the sync that recreates it reports the loss
         gen = h["hist_at"] or 1
+        if before is not None and before.generation == gen and h["ucum"] < before.ucum:
+            # Lifetime usage went down in the same generation: the store came back from an older
+            # copy of itself (an RDB dump, a replica promoted before it had every write). What
+            # ran after that copy is in no count and the API will not show it for Δ: drop the
+            # state so the next sync starts a lost generation (held, this process's unsettled
+            # usage off the wall, today's count restored) and keep what we saw as its checkpoint.
+            if self.gate.drop_rolled_back(pool, gen, before.ucum):
+                log.error("⛔ [STATE-LOST] %s: the store went back in time (lifetime usage %s, this "
+                          "process saw %s): treated as lost state", pool, f"{h['ucum']:,}",
+                          f"{before.ucum:,}", extra=BILLING_EVENT)
+            if account is not None:
+                self.records.write_sync_meta(account, {"next_at": 0})
+            self.checkpoints[pool] = before
+            return
         seen = self._last_seen(pool)
         if seen is not None and seen.generation != gen:
             bound = max(self.cfg.unseen_day_tokens, seen.unsettled)
@@ -205,7 +222,7 @@ class SyncService:
         settled = h["settled"] if floor is None else max(h["settled"], floor)
         own = max(0, h["ucum"] + h["inflight"] + unmeasured - settled)
         self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"] + unmeasured, lags,
-                                            own + young, young, floor)
+                                            own + young, young, floor, h["ucum"])
 
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
                     h: dict[str, int] | None = None, start: str | None = None) -> None:

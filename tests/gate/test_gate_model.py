@@ -107,6 +107,18 @@ class GateVersusModel(RuleBasedStateMachine):
                   lambda: self.model.install_snapshot(pool, snap, self.now))
         self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh
 
+    @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS), ttl_s=st.integers(1, 3600))
+    def renew(self, pool, rid, ttl_s):
+        live = pool in self.model.pools and rid in self.model.pools[pool].reservations
+        before = self.model.pools[pool].reservations[rid].deadline if live else None
+        d = self.both(lambda: self.gate.renew(pool, rid, ttl_s * 1000),
+                      lambda: self.model.reserve(pool, rid, 1, 1, ttl_s * 1000, self.now, renew=True))
+        if d is not None:
+            assert d.reason != "admitted", "a renewal admitted"
+            if before is not None and before > self.now:  # still live (else swept: expired)
+                after = self.model.pools[pool].reservations[rid].deadline
+                assert after == max(before, self.now + ttl_s * 1000)
+
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS), wanted=amounts,
           least_frac=st.floats(0.01, 1.0), input_frac=st.floats(0.0, 1.0), ttl_s=st.integers(1, 3600),
           exact=st.booleans())

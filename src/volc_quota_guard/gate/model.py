@@ -7,7 +7,7 @@ Keep this file boring: clarity beats speed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..clock import beijing_day
 from ..errors import GateError
@@ -259,7 +259,7 @@ class PoolModel:
                         self.balance_wall(), self.day_count() + self.held(), self.cap,
                         self.inflight, self.evicted_until, overrun, self.balance, input_reserved,
                         self.k, self.kx, self.hist_at, self.day, self.day_usage + worst,
-                        self.ucum + worst, self.settled)
+                        self.ucum + worst, self.settled, self.ucum)
 
 
 _NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False, 0, 0, 0, 0)
@@ -280,7 +280,7 @@ class GateModel:
             raise GateError("bad_id", "request id must be 1-256 bytes")
 
     def reserve(self, pool: str, rid: str, wanted: int, least: int | None, ttl_ms: int,
-                now: int, input_tokens: int = 0, exact: bool = False) -> Decision:
+                now: int, input_tokens: int = 0, exact: bool = False, renew: bool = False) -> Decision:
         least = wanted if least is None else least
         self._check_id(rid)
         if not _is_int(wanted, 1, MAX_REQUEST) or not _is_int(least, 1, wanted) \
@@ -297,6 +297,10 @@ class GateModel:
         if rid in p.reservations:
             h = p.reservations[rid]
             status, reason, granted, est_res = "ok", "duplicate", h.amount, h.est_res
+            if now + ttl_ms > h.deadline:  # asked again while it runs: the deadline moves on
+                p.reservations[rid] = replace(h, deadline=now + ttl_ms)
+        elif renew:
+            reason = "unknown_id"
         elif rid in p.resolved:
             reason = "resolved"
         elif now > p.valid_until:

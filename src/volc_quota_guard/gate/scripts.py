@@ -47,7 +47,12 @@ def _sighted(keyspace: KeySpace, pool: str, d: Decision) -> Decision:
     if d.generation > 0:
         with _SIGHTINGS_LOCK:
             gens = _SIGHTINGS.setdefault((keyspace.prefix, pool), {})
-            gens[d.generation] = d
+            old = gens.get(d.generation)
+            # Lifetime usage never decreases within a generation: keep the answer that saw the
+            # most (answers of concurrent calls may come back out of order; a lower one after a
+            # higher one is either that, or a store restored from an older copy: sync.py).
+            if old is None or d.ucum >= old.ucum:
+                gens[d.generation] = d
             if len(gens) > 2:  # the first seen goes (a simulator's clock may run backwards)
                 del gens[next(iter(gens))]
     return d
@@ -66,6 +71,18 @@ def forget_sightings(keyspace: KeySpace) -> None:
             del _SIGHTINGS[key]
 
 
+_DROP_ROLLED_BACK = """
+local unpack = unpack or table.unpack
+local got = redis.call('HMGET', KEYS[1], 'hist_at', 'ucum')
+local gen, ucum = got[1], got[2]
+if tonumber(gen) == tonumber(ARGV[1]) and (tonumber(ucum) or 0) < tonumber(ARGV[2]) then
+  redis.call('DEL', unpack(KEYS))
+  return 1
+end
+return 0
+"""
+
+
 def _parse(raw: list[Any]) -> Decision:
     vals = [v.decode() if isinstance(v, bytes) else v for v in raw]
     if vals[0] == "error":
@@ -78,6 +95,7 @@ def _parse(raw: list[Any]) -> Decision:
         correction_ppm=int(vals[13]), exact_correction_ppm=int(vals[14]),
         generation=int(vals[15]), day=int(vals[16]), today_worst=int(vals[17]),
         lifetime_worst=int(vals[18]), settled=int(vals[19]),
+        ucum=int(vals[20]),
     )
 
 
@@ -115,6 +133,9 @@ class _Args:
                 input_tokens: int, exact: bool = False) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(wanted), _num(wanted if least is None else least),
                 _num(ttl_ms), _num(input_tokens), "exact" if exact else ""]
+
+    def renew(self, request_id: str, ttl_ms: int) -> list[str]:
+        return [_now_arg(self.clock), request_id, "1", "1", _num(ttl_ms), "0", "", "renew"]
 
     def settle(self, request_id: str, actual: int | None, measured_input: int | None,
                estimated: bool = False) -> list[str]:
@@ -183,6 +204,11 @@ class Gate:
         return self._run("reserve", pool,
                          self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens, exact))
 
+    def renew(self, pool: str, request_id: str, ttl_ms: int) -> Decision:
+        """Move a live reservation's deadline to `ttl_ms` from now (its request is still running);
+        an id that is not live is left alone (`unknown_id`, `resolved`): a renewal never admits."""
+        return self._run("reserve", pool, self.args.renew(request_id, ttl_ms))
+
     def settle(self, pool: str, request_id: str, actual: int | None,
                measured_input: int | None = None, estimated: bool = False) -> Decision:
         """Replace the reservation by real usage; `None` = unknown: the reservation counts as
@@ -213,6 +239,15 @@ class Gate:
     def sighting(self, pool: str, generation: int) -> Decision | None:
         """This process's latest answer for `pool` in state generation `generation` (any gate's)."""
         return sighting(self.args.keyspace, pool, generation)
+
+    def drop_rolled_back(self, pool: str, generation: int, seen_ucum: int) -> bool:
+        """Delete the pool's state if it is generation `generation` with lifetime usage below
+        `seen_ucum` (what this process saw of it): the store went back to an older copy of itself,
+        which the lost-state path must treat as lost. True when it was dropped."""
+        keys = self.args.keys(pool)
+        return bool(_call(lambda: self.client.eval(
+            _DROP_ROLLED_BACK, 9, *keys.gate_keys("snapshot"), keys.limit_state,
+            str(generation), str(seen_ucum))))
 
     def history(self, pool: str) -> dict[str, int] | None:
         """The pool's generation and today's count, one read: None when the pool has no state."""
@@ -311,6 +346,9 @@ class AsyncGate:
                       ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
         return await self._run("reserve", pool, self.args.reserve(
             request_id, wanted, least, ttl_ms, input_tokens, exact))
+
+    async def renew(self, pool: str, request_id: str, ttl_ms: int) -> Decision:
+        return await self._run("reserve", pool, self.args.renew(request_id, ttl_ms))
 
     async def settle(self, pool: str, request_id: str, actual: int | None,
                      measured_input: int | None = None, estimated: bool = False) -> Decision:

@@ -49,6 +49,7 @@ class Decision:
     today_worst: int = 0
     lifetime_worst: int = 0
     settled: int = 0
+    ucum: int = 0  # lifetime usage: never lower later in the same generation (a rollback if it is)
 
     @property
     def admitted(self) -> bool:

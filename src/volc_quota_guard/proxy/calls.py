@@ -52,6 +52,7 @@ class Reservation:
     sent: bool = False  # LiteLLM announced the HTTP request to the upstream
     route: str = ""  # the route kind it was sized for ("messages": its chat half may ride it)
     handed_over: bool = False  # a /v1/messages reservation its chat half already rode
+    keep_until: float = 0.0  # monotonic: kept (and its deadline renewed) until then (`remember`)
 
 
 @dataclass
@@ -62,6 +63,9 @@ class RequestState:
     refused: set[str] = field(default_factory=set)  # model ids that refused this request
     clamped_to: int | None = None
     stream: object = None  # the proxy's stream of this request, to read its raw chunks
+    # A Responses stream's terminal event: did its usage come from the upstream? (None: not seen.)
+    # LiteLLM fills a missing one in with a local estimate of the input and the streamed text.
+    responses_usage: bool | None = None
 
 
 def request_state(holder: Mapping[str, Any] | None) -> RequestState:
@@ -160,6 +164,43 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
     return _checked(guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info), kwargs, info)
 
 
+def foreign_credentials(kwargs: Mapping[str, Any]) -> str | None:
+    """The field that sends this call with credentials or to an endpoint its deployment was not
+    configured with, or None. The proxy's pre-call check refuses a client's `api_key`, `api_base`
+    and auth headers for the group the client named; a client-side fallback (`fallbacks`,
+    `context_window_fallbacks`, …) from a group with no guarded deployment carries them to a
+    guarded one past that check, and LiteLLM lets them override the deployment's own."""
+    router = llm_router()
+    info = model_info_of(kwargs)
+    model_id = info.get("id")
+    raw = _router_entry(router, model_id) if router is not None and isinstance(model_id, str) else None
+    if raw is None:
+        # LiteLLM builds a per-request deployment for a call with a client's api_key / api_base
+        # (`Router._handle_clientside_credential`): its id is new, `original_model_id` names ours.
+        original = info.get("original_model_id")
+        if router is not None and isinstance(original, str) and _router_entry(router, original) is not None:
+            return next((n for n in admission.CLIENT_CREDENTIALS if kwargs.get(n) is not None), "api_key")
+        return None  # SDK use: the caller's kwargs are the deployment
+    params = raw.get("litellm_params")
+    params = params if isinstance(params, Mapping) else {}
+    for name in admission.CLIENT_CREDENTIALS:
+        value = kwargs.get(name)
+        if value is not None and value != params.get(name):
+            return name
+    for header_field in ("headers", "extra_headers"):
+        value = kwargs.get(header_field)
+        own = params.get(header_field)
+        own = {str(k).lower(): v for k, v in own.items()} if isinstance(own, Mapping) else {}
+        pairs = list(value.items()) if isinstance(value, Mapping) else (
+            [tuple(p) for p in value if isinstance(p, list | tuple) and len(p) == 2]
+            if isinstance(value, list | tuple) else [])
+        for key, header in pairs:
+            name = str(key).strip().lower()
+            if name in admission.AUTH_HEADERS and own.get(name) != header:
+                return f"{header_field}.{key}"
+    return None
+
+
 def _checked(found: GuardedDeployment | None | GuardConfigError, kwargs: Mapping[str, Any],
              info: Mapping[str, Any]) -> GuardedDeployment | None:
     if isinstance(found, GuardConfigError):
@@ -218,10 +259,27 @@ def upstream_sent_usage(state: RequestState | None) -> bool:
     LiteLLM synthesizes a usage chunk by local counting when the upstream sent none, so the
     client-facing stream cannot tell; its raw chunk list can.
     """
+    if state is not None and state.responses_usage is not None:
+        return state.responses_usage
     chunks = getattr(state.stream, "chunks", None) if state is not None else None
     if not isinstance(chunks, list):
         return True  # not watched (SDK use): trust the reported usage
     return any(carries_usage(c) for c in chunks)
+
+
+RESPONSES_TERMINAL_EVENTS = ("response.completed", "response.incomplete")
+
+
+def upstream_responses_usage(usage: object) -> bool:
+    """Whether a Responses terminal event's usage is the upstream's. Ark reports
+    `input_tokens_details` / `output_tokens_details` (ARK.md §2); LiteLLM's stand-in for a
+    missing usage (`responses/streaming_iterator.py: _estimate_usage_from_text`) carries neither,
+    and counts neither reasoning nor a stored chain: without them the usage counts as estimated."""
+    if usage is None:
+        return False
+    details = [usage.get(k) if isinstance(usage, dict) else getattr(usage, k, None)
+               for k in ("input_tokens_details", "output_tokens_details")]
+    return any(d is not None for d in details)
 
 
 def carries_usage(chunk: object) -> bool:
@@ -282,13 +340,15 @@ class Reservations:
         return list(self._by_rid.values())
 
     def remember(self, res: Reservation, keep_s: float) -> None:
-        """Keep `res` for `keep_s` seconds, well past the store's deadline: a request that outlives
-        it still settles under its own id (a late settle adds only what exceeds the expired amount).
-        Entries are in creation order, so pruning stops at the first young one."""
-        cutoff = time.monotonic() - keep_s
+        """Keep `res` for `keep_s` seconds (as long as its request may run, and well past the
+        store's deadline): its deadline is renewed meanwhile, and a request that outlives it
+        still settles under its own id. Pruning goes in creation order and stops at the first
+        entry still kept."""
+        now = time.monotonic()
+        res.keep_until = now + keep_s
         while self._by_rid:
             rid, old = next(iter(self._by_rid.items()))
-            if old.created >= cutoff:
+            if old.keep_until > now:
                 break
             del self._by_rid[rid]  # its callback was lost; the store counted it at expiry
         self._by_rid[res.rid] = res

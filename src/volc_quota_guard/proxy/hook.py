@@ -52,7 +52,7 @@ import litellm  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 
 from .. import admission, counting, estimate, metrics  # noqa: E402
-from ..config import MIN_OUTPUT_TOKENS, Settings, settings  # noqa: E402
+from ..config import MIN_OUTPUT_TOKENS, Settings, reservation_keep_s, settings  # noqa: E402
 from ..errors import GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
 from ..gate import AsyncGate, Decision, KeySpace  # noqa: E402
 from ..gate.store import connect_async  # noqa: E402
@@ -61,11 +61,13 @@ from ..outcome import failure_action, read_usage  # noqa: E402
 from ..volcengine.volc_tokenize import ArkTokenizer  # noqa: E402
 from . import loglines, refusals  # noqa: E402
 from .calls import (  # noqa: E402
+    RESPONSES_TERMINAL_EVENTS,
     PoolReads,
     RequestState,
     Reservation,
     Reservations,
     call_type_name,
+    foreign_credentials,
     group_size,
     guard_of_call,
     guards_of_group,
@@ -76,6 +78,7 @@ from .calls import (  # noqa: E402
     request_state,
     stamp,
     upstream_response_id,
+    upstream_responses_usage,
     upstream_sent_usage,
 )
 from .deployments import DEFAULT_API_BASE, GuardedDeployment, guard_for, guard_for_deployment  # noqa: E402
@@ -83,7 +86,6 @@ from .refusals import QuotaRefused, QuotaStoreDown, store_failure  # noqa: E402
 
 log = logging.getLogger("volc_quota_guard")
 
-REGISTRY_TTL_FACTOR = 4  # in-process reservation records outlive the store's deadline 4x
 CLAMP_HEADER = "x-vqg-clamped-max-tokens"
 LIMITS_CACHE_SIZE = 4096  # deployments whose Limits are kept (cleared when full)
 RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as Ark may store it
@@ -128,6 +130,8 @@ class QuotaGuard(CustomLogger):
         self._headroom_seen: dict[str, tuple[float, int, int]] = {}
         self._fallback_logged: dict[str, float] = {}  # model id -> when its failure was logged
         self._exact_failed_at: dict[str, float] = {}  # model id -> when Ark's tokenization last failed
+        self._renewers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary())
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -150,6 +154,43 @@ class QuotaGuard(CustomLogger):
             found = AsyncGate(client, KeySpace(self.config.key_prefix))
             self._gates[loop] = found
         return found
+
+    # ---- renewals: a running request's reservation never reaches its deadline ----------------
+
+    def _keep_s(self, kwargs: Mapping[str, Any]) -> float:
+        """How long a reservation may need to live: as long as LiteLLM lets its call run (the
+        call's `timeout`, else LiteLLM's default) plus a TTL (`config.reservation_keep_s`)."""
+        timeout = kwargs.get("timeout")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            timeout = litellm.request_timeout
+        return reservation_keep_s(self.config.reservation_ttl_seconds, float(timeout))
+
+    def _keep_renewing(self) -> None:
+        loop = asyncio.get_running_loop()
+        task = self._renewers.get(loop)
+        if task is None or task.done():
+            self._renewers[loop] = loop.create_task(self._renew_running())
+
+    async def _renew_running(self) -> None:
+        """Every third of a TTL, move the deadline of each reservation this process still holds
+        a TTL ahead. A request that outlived its deadline was counted whole at the deadline, on
+        that Beijing day, while Ark collected it on the day it ended (a 30-minute stream across
+        midnight burned 552,000 tokens past the next day's cap): only a crashed process's
+        reservations expire now."""
+        ttl_s = self.config.reservation_ttl_seconds
+        period = max(1.0, ttl_s / 3)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for res in self.reservations.values():
+                if now - res.created < period or now > res.keep_until - ttl_s:
+                    continue  # young: far from its deadline; or past the call's own timeout
+                try:
+                    await self.gate().renew(res.pool, res.rid, ttl_s * 1000)
+                except Exception as exc:  # noqa: BLE001  the deadline stands: counted whole then
+                    log.warning("⚠️ [RENEW] %s call=%s: its reservation's deadline could not be moved "
+                                "(%s); if the request outlives it, it counts as consumed then",
+                                res.pool, res.call_id, type(exc).__name__)
 
     def tokenizer(self) -> ArkTokenizer:
         """The tokenization API client of the running event loop (its cache is per loop)."""
@@ -367,6 +408,12 @@ class QuotaGuard(CustomLogger):
             return None
         state = request_state(kwargs)
         group = model_group_of(kwargs)
+        foreign = foreign_credentials(kwargs)
+        if foreign is not None:  # a client's key or endpoint a fallback carried past the pre-call check
+            raise refusals.bad_request(
+                f"{foreign}: a request may not choose the Ark account or endpoint of a guarded "
+                "deployment (the guard reserves in the deployment's own account); it is refused",
+                group, foreign)
         try:
             route = admission.route_of(call_type)
             live = state.live.get(guard.model_id)
@@ -442,7 +489,8 @@ class QuotaGuard(CustomLogger):
                           inp, sizing.per_choice, d.amount,
                           per_choice if per_choice < sizing.per_choice else None,
                           state=state, choices=sizing.choices, route=route.kind)
-        self.reservations.remember(res, REGISTRY_TTL_FACTOR * self.config.reservation_ttl_seconds)
+        self.reservations.remember(res, self._keep_s(kwargs))
+        self._keep_renewing()
         state.live[guard.model_id] = res
         if res.clamped_to is not None:
             state.clamped_to = res.clamped_to
@@ -570,9 +618,13 @@ class QuotaGuard(CustomLogger):
         if isinstance(state, RequestState) and state.live:
             state.stream = response  # LiteLLM's wrapper keeps the raw chunks as `.chunks`
         async for item in response:
-            if isinstance(state, RequestState) and getattr(item, "type", None) == "response.completed":
-                for res in list(state.live.values()):  # before the client can send a follow-up
-                    await self._record_stored(res, getattr(item, "response", None))
+            if isinstance(state, RequestState) and state.live \
+                    and getattr(item, "type", None) in RESPONSES_TERMINAL_EVENTS:
+                done = getattr(item, "response", None)
+                state.responses_usage = upstream_responses_usage(getattr(done, "usage", None))
+                if item.type == "response.completed":
+                    for res in list(state.live.values()):  # before the client can send a follow-up
+                        await self._record_stored(res, done, trusted=state.responses_usage)
             yield item
 
     # ---- stored responses ----------------------------------------------------------------
@@ -636,9 +688,9 @@ class QuotaGuard(CustomLogger):
         measured_input = reading.prompt if reading.source == "measured" else None
         d = await self.gate().settle(res.pool, res.rid, actual, measured_input, estimated)
         self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
-        await self._record_stored(res, response_obj)
+        await self._record_stored(res, response_obj, trusted=not estimated)
 
-    async def _record_stored(self, res: Reservation, response_obj: Any) -> None:
+    async def _record_stored(self, res: Reservation, response_obj: Any, trusted: bool = True) -> None:
         """A Responses API answer may be stored: the conversation it ends (its input, which
         holds any earlier chain, plus its output) sizes follow-ups that name it. Without
         measured usage the reservation's size stands in (it covered the whole call)."""
@@ -646,7 +698,8 @@ class QuotaGuard(CustomLogger):
             return
         rid = upstream_response_id(getattr(response_obj, "id", None))
         reading = read_usage(response_obj, count_cached=True)
-        tokens = reading.tokens if reading.source == "measured" and reading.tokens else res.granted
+        tokens = reading.tokens if trusted and reading.source == "measured" and reading.tokens \
+            else res.granted
         if rid is not None and tokens > 0:
             await self.gate().remember_response(res.pool, rid, tokens, RESPONSE_RECORD_S)
 

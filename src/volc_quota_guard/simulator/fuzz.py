@@ -124,6 +124,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _ark_api_counts(seed, out)
     _lag_incident(seed, out, start.hour * 60)
     _burst_before_wipe(seed, out)
+    _long_requests(seed, out)
     return out
 
 
@@ -182,6 +183,32 @@ def _burst_before_wipe(seed: int, scenario: dict[str, object]) -> None:
                     "every_seconds": round(span * 60 * concurrency / requests, 1),
                     "concurrency": concurrency, "prompt": size * 4 // 5, "completion": size // 5,
                     "max_tokens": size // 5 + 100, "duration_seconds": rng.choice([2, 5, 20]), **counts})
+
+
+def _long_requests(seed: int, scenario: dict[str, object]) -> None:
+    """Requests that outlive the reservation TTL (15-60 min: long reasoning streams), from a
+    generator of their own, most started before a Beijing midnight and ending after it, then a
+    day that wants more than its cap: a reservation counted whole at its deadline on one day
+    while Ark collects it on the next burned 552,000 tokens (a red-team pass, stop 32)."""
+    rng = random.Random(f"long-{seed}")
+    if rng.random() < 0.85:
+        return
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    counts: dict[str, object] = {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio")
+                                 if k in traffic[0]}
+    duration = rng.randint(15, 60) * 60
+    start = 24 * 60 - rng.randint(1, duration // 60 - 1) if rng.random() < 0.7 else rng.randrange(0, 23 * 60)
+    completion = _log_uniform(rng, 1_000, 20_000)
+    traffic.append({"at": _hhmm(start), "day": 1, "concurrency": rng.choice([4, 8, 16, 24]),
+                    "prompt": _log_uniform(rng, 2_000, 30_000), "completion": completion,
+                    "max_tokens": completion, "duration_seconds": duration, **counts})
+    cap = int(str(scenario["daily_cap"]))
+    size = rng.choice([5_000, 20_000, 50_000])
+    requests = max(1, min(MAX_REQUESTS // 4, 2 * cap // size))
+    traffic.append({"from": "00:00", "to": "03:00", "day": 2, "every_seconds": round(180 * 60 / requests, 1),
+                    "prompt": size * 4 // 5, "completion": size // 5, "max_tokens": size // 5 + 100,
+                    "duration_seconds": 20, **counts})
+    scenario["days"] = 2
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:

@@ -25,7 +25,7 @@ import fakeredis
 
 from .. import admission
 from ..clock import MINUTE_MS, ManualClock, beijing_day
-from ..config import MIN_OUTPUT_TOKENS, Settings
+from ..config import MIN_OUTPUT_TOKENS, Settings, reservation_keep_s
 from ..errors import GateError
 from ..fake.ledger import Ledger
 from ..gate import Gate
@@ -274,7 +274,10 @@ class GuardStrategy:
 
     def admit(self, req: SimRequest, now: int) -> Admission:
         need = self._need(req)  # the hook's rule (admission.sizing), on the line's numbers
-        ttl_ms = self.cfg.reservation_ttl_seconds * 1000
+        # The hook renews a running request's deadline a TTL ahead every third of one, up to
+        # the call's timeout (config.reservation_keep_s): the reservation outlives its request.
+        ttl_s = self.cfg.reservation_ttl_seconds
+        ttl_ms = round(1000 * (ttl_s + min(req.line.duration_seconds, reservation_keep_s(ttl_s) - ttl_s)))
         exact = req.line.counting == "exact"
         if req.line.counting == "ark-api" and need.input_tokens >= self.cfg.exact_count_min_tokens:
             need, exact = self._need(replace(req, estimate=req.line.exact_estimate())), True

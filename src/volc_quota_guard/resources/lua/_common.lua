@@ -302,5 +302,5 @@ local function answer(st, status, reason, amount, overrun, input_reserved)
   return {status, reason, amount, math.min(hb, hc), st.ucum + held, wall_balance(st),
     day_count(st) + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
     input_reserved or 0, st.k or PPM, st.kx or XCORR_FLOOR,
-    st.hist_at, st.day, st.day_usage + worst, st.ucum + worst, st.settled}
+    st.hist_at, st.day, st.day_usage + worst, st.ucum + worst, st.settled, st.ucum}
 end

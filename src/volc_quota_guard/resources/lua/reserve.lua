@@ -1,6 +1,7 @@
 -- ARGV: now_ms ('' = server TIME), request id, amount wanted, least amount acceptable, ttl_ms,
 -- estimated input ('' = 0: the part of both amounts that is the tokenizer's prompt count),
--- counting class ('' = cheap; 'exact' = an exact count, e.g. Ark's tokenization API).
+-- counting class ('' = cheap; 'exact' = an exact count, e.g. Ark's tokenization API),
+-- 'renew' = only move a live reservation's deadline (a request still running), never admit.
 -- The estimated input is reserved as ceil(est * k) (exact: kx); grants min(wanted, headroom)
 -- when that is at least the least acceptable amount (both with k applied), and only while the
 -- walls would hold were every in-flight prompt miscounted by its class's ceiling.
@@ -19,15 +20,23 @@ if not ttl then return err('bad_ttl', 'ttl must be 1000-604800000 ms') end
 local class = ARGV[7] or ''
 if class ~= '' and class ~= 'exact' then return err('bad_class', "counting class must be '' or 'exact'") end
 local exact = class == 'exact'
+local renew = ARGV[8] == 'renew'
 
 local st = load()
-if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
+if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
 housekeep(st, now)
 local reason, granted, status, est_res = nil, 0, 'refused', corrected(est, exact and st.kx or st.k)
 local live = redis.call('HGET', K_RES, id)
 if live then
-  local amount, _, _, held_res = parse_res(live)
+  local amount, deadline, held_est, held_res, held_exact = parse_res(live)
   status, reason, granted, est_res = 'ok', 'duplicate', amount, held_res
+  if now + ttl > deadline then  -- asked again while it runs: the deadline moves on
+    redis.call('HSET', K_RES, id, string.format('%d:%d:%d:%d', amount, now + ttl, held_est, held_res)
+      .. (held_exact and ':x' or ''))
+    redis.call('ZADD', K_DL, now + ttl, id)
+  end
+elseif renew then
+  reason = 'unknown_id'
 elseif redis.call('HEXISTS', K_DONE, id) == 1 then
   reason = 'resolved'
 elseif now > st.valid_until then

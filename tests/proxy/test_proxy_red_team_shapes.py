@@ -1,0 +1,121 @@
+"""Shapes a red-team pass (stop 32) got billed or through a real proxy (usage LiteLLM invents for a Responses
+stream, a client key in `headers`, a named `tool_choice`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from proxy_support import MASTER_KEY, Proxy, ark_deployment, call_id, start_syncing_proxy, stop_proxy
+
+from volc_quota_guard.fake import FakeVolcengine
+
+pytestmark = pytest.mark.proxy
+POOL = ("acct-c/rt1-resp-260101", 60_000)
+OTHER = ("acct-c/rt1-other-260101", 60_000)
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def px(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
+       prefix: str) -> Iterator[Proxy]:
+    p = start_syncing_proxy(tmp_path_factory.mktemp("rt1"), fake, store_url, prefix,
+                            dict([POOL, OTHER]),
+                            [ark_deployment("rt1-resp", POOL[0]), ark_deployment("rt1-other", OTHER[0])],
+                            VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="500")
+    yield p
+    stop_proxy(p)
+
+
+def post(px: Proxy, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{px.url}{path}", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": call_id()})
+
+
+def test_a_responses_stream_without_upstream_usage_bills_0(px: Proxy) -> None:
+    """LiteLLM fills a missing usage on response.completed with a cl100k estimate of the input
+    and the streamed text (40 tokens for a call Ark billed 6,223): it must settle as estimated."""
+    codes = []
+    for i in range(14):
+        r = post(px, "/v1/responses", {"model": "rt1-resp", "stream": True, "max_output_tokens": 7000,
+                                       "input": f"turn {i} [[fake completion=200 reasoning=6000 "
+                                                f"usage=missing]]"})
+        codes.append(r.status_code)
+    assert set(codes) <= {200, 429}, codes
+    lines = px.wait_for_log(r"\[Usage\] rt1-resp-260101", count=codes.count(200))
+    counted = [int(m) for ln in lines for m in re.findall(r"counted=(\d+)", ln)]
+    assert min(counted) > 6_000, lines
+    assert px.fake.pool_totals(POOL[0]).billed == 0
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "headers": {"Authorization": "Bearer ark-acct-a"}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "headers": [["Authorization", "Bearer ark-acct-a"]]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "extra_headers": [["authorization", "Bearer ark-acct-a"]]}),
+    ("/v1/responses", {"input": "hi", "headers": {"authorization": "Bearer ark-acct-a"}}),
+    ("/v1/messages", {"max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
+                      "headers": {"Authorization": "Bearer ark-acct-a"}}),
+], ids=["chat", "chat-pairs", "chat-extra-pairs", "responses", "messages"])
+def test_a_client_key_in_headers_is_refused(px: Proxy, path: str, body: dict[str, Any]) -> None:
+    """`headers` (and a list-of-pairs `extra_headers`) reached Ark: acct-a billed 342 tokens
+    while the guard reserved in acct-c."""
+    before = len(px.fake.upstream_requests())
+    r = post(px, path, {"model": "rt1-other", **body})
+    assert r.status_code == 400 and "headers" in r.text, (r.status_code, r.text[:300])
+    assert px.fake.upstream_requests()[before:] == []
+
+
+def test_a_named_tool_choice_is_reserved(px: Proxy) -> None:
+    """A tool_choice object is prompt text to Ark (the dearer reading): 8,531 reserved, 41,502
+    consumed, 23,004 billed on a 60,000 pool before."""
+    for i in range(3):
+        r = post(px, "/v1/chat/completions", {
+            "model": "rt1-other", "max_tokens": 50, "tools": TOOLS,
+            "tool_choice": {"type": "function",
+                            "function": {"name": "f", "description": f"{i} " + "\r\n" * 20_000}},
+            "messages": [{"role": "user", "content": f"hi {i} [[fake completion=10]]"}]})
+        assert r.status_code in (200, 429), r.text[:300]
+    assert px.fake.pool_totals(OTHER[0]).billed == 0
+
+
+@pytest.mark.parametrize("field", [{"api_key": "ark-acct-a"},
+                                   {"headers": {"Authorization": "Bearer ark-acct-a"}},
+                                   {"extra_headers": {"Authorization": "Bearer ark-acct-a"}}],
+                         ids=["api_key", "headers", "extra_headers"])
+def test_a_client_fallback_cannot_carry_a_key_to_a_guarded_deployment(px: Proxy,
+                                                                      field: dict[str, Any]) -> None:
+    """The proxy's pre-call check reads the group the client named; a client-side fallback from an
+    unguarded group (here its upstream answers 429) reached the guarded one with the client's key:
+    acct-a billed 4,115 while the guard reserved in acct-c."""
+    before = len(px.fake.chat_requests())
+    post(px, "/v1/chat/completions", {
+        "model": "other-provider", "messages": [{"role": "user", "content": "x [[fake status=429]]"}],
+        "fallbacks": [{"model": "rt1-other",
+                       "messages": [{"role": "user", "content": "hi [[fake completion=50]]"}]}],
+        **field})
+    served = [r for r in px.fake.chat_requests()[before:] if r.status == 200]
+    assert served == [], served
+    assert px.fake.pool_totals("acct-a/rt1-other-260101").consumed == 0
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "custom_llm_provider": "openai"}, "custom_llm_provider"),
+    ("/v1/messages", {"max_tokens": 50, "stream": 1,
+                      "messages": [{"role": "user", "content": "hi"}]}, "stream"),
+    ("/v1/responses", {"input": "hi", "stream": "true"}, "stream"),
+], ids=["provider", "messages-stream-1", "responses-stream-str"])
+def test_a_field_litellm_reads_its_own_way_is_refused(px: Proxy, path: str, body: dict[str, Any],
+                                                       field: str) -> None:
+    """A client-chosen provider, or a non-boolean `stream` (a /v1/messages call made 3 upstream
+    calls for one), is a 400 naming the field before anything reaches Ark."""
+    before = len(px.fake.upstream_requests())
+    r = post(px, path, {"model": "rt1-other", **body})
+    assert r.status_code == 400 and field in r.text, (r.status_code, r.text[:300])
+    assert px.fake.upstream_requests()[before:] == []
