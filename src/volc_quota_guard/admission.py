@@ -650,6 +650,12 @@ def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
     media_tokens = 0
     if isinstance(kind, str) and kind in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
         media_tokens = _parts([item], where, limits)[1]
+    for key in ("output", "content"):  # a tool output's parts: images read as images, not text
+        nested = item.get(key)
+        if isinstance(nested, list):
+            media = [p for p in nested
+                     if isinstance(p, Mapping) and p.get("type") in _IMAGE_PARTS | _MEDIA_PARTS]
+            media_tokens += _parts(media, f"{where}.{key}", limits)[1] if media else 0
     return _byte_bound(item) + media_tokens
 
 

@@ -64,6 +64,7 @@ LAG_BELIEVABLE_MS = 4 * 60 * MINUTE_MS  # a longer "lag" is a broken anchor, not
 # unseen allowance ends by then, and the day's count forgets what we counted before it.
 LAG_CEILING_MS = 8 * 60 * MINUTE_MS
 YOUNG_MS = LAG_CEILING_MS
+YOUNG_TIGHT_MS = 60 * MINUTE_MS  # a young end's lag bound looser than this waits for a tighter one
 
 
 @dataclass(frozen=True)
@@ -368,6 +369,12 @@ def _young_ends(state: LimitState, balance: int, usage: UsageView, now_ms: int,
         # At least `settled − bound` of ours is settled: the API is at most this far behind.
         reached = usage.first_reaching(settled - unseen_tokens)
         at_most = now_ms - (history_start_ms if reached is None else reached)
+        if (at_most > max(2 * assumed_lag_ms(state, now_ms, lag_floor_ms), YOUNG_TIGHT_MS)
+                and now_ms - history_start_ms < YOUNG_MS):
+            # Just crossed: the bound is as loose as our usage was slow to reach `settled − A`,
+            # and it would be Δ_assumed for a week. Stay young (the ceiling holds) until a later
+            # sync, with more settled, gives a tight bound.
+            return state
         # Stored so that Δ_assumed (worst × margin + pad) is this bound, not more: it is no
         # lower bound to pad, and more would hold the pool until the history covers it.
         if at_most > max(assumed_lag_ms(state, now_ms, lag_floor_ms), LAG_PAD_MS):

@@ -267,6 +267,9 @@ class SyncService:
         assignment = assign(packages, specs)
         results = []
         next_at = started + self.cfg.sync_interval_minutes * MINUTE_MS
+        # Never let the snapshot go stale before the next sync replaces it (an interval longer
+        # than VQG_SNAPSHOT_MAX_AGE_MINUTES refused every request in the gap).
+        next_at = min(next_at, started + max(MINUTE_MS, (self.cfg.snapshot_max_age_minutes - 1) * MINUTE_MS))
         meta = self.records.sync_meta(account)
         gens: dict[str, str | int] = {}
         for spec in specs:

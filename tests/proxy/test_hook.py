@@ -280,6 +280,26 @@ def test_a_messages_chat_half_bigger_than_its_sizing_is_reserved_afresh(world: C
     world(scenario)
 
 
+def test_a_running_request_keeps_its_reservation_past_the_ttl(world: Callable[..., Any]) -> None:
+    """A request that runs longer than VQG_RESERVATION_TTL_SECONDS keeps its reservation: the hook
+    moves its deadline a TTL ahead every third of one (before, a 30-minute stream across midnight
+    was counted whole on the first day and Ark collected it on the second: 552,000 burned)."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        kw = call(types.SimpleNamespace(), max_tokens=100)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        deadlines = w.keyspace.pool(POOL).deadlines
+        first = w.sync.client.zrange(deadlines, 0, -1, withscores=True)[0][1]
+        await asyncio.sleep(12)  # past the 10 s TTL: renewed at 3.3, 6.7 and 10 s
+        held = w.state()
+        assert held["expired_count"] == 0 and held["inflight"] > 100
+        assert w.sync.client.zrange(deadlines, 0, -1, withscores=True)[0][1] >= first + 6_000
+        await w.guard.async_log_success_event(success_kwargs(kw), response(10, 50), None, None)
+        done = w.state()
+        assert done["inflight"] == 0 and done["ucum"] == 60 and done["expired_count"] == 0
+    world(scenario, reservation_ttl_seconds=10)
+
+
 def test_forged_reservation_stash_is_ignored(world: Callable[..., Any]) -> None:
     """A client-supplied `vqg_reservations` in metadata does not count as a reservation."""
     async def scenario(w: World) -> None:

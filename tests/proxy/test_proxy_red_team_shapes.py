@@ -16,6 +16,7 @@ from volc_quota_guard.fake import FakeVolcengine
 pytestmark = pytest.mark.proxy
 POOL = ("acct-c/rt1-resp-260101", 60_000)
 OTHER = ("acct-c/rt1-other-260101", 60_000)
+IMAGES = ("acct-c/rt1-img-260101", 60_000)
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 
 
@@ -23,8 +24,9 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 def px(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
        prefix: str) -> Iterator[Proxy]:
     p = start_syncing_proxy(tmp_path_factory.mktemp("rt1"), fake, store_url, prefix,
-                            dict([POOL, OTHER]),
-                            [ark_deployment("rt1-resp", POOL[0]), ark_deployment("rt1-other", OTHER[0])],
+                            dict([POOL, OTHER, IMAGES]),
+                            [ark_deployment("rt1-resp", POOL[0]), ark_deployment("rt1-other", OTHER[0]),
+                             ark_deployment("rt1-img", IMAGES[0])],
                             VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="500")
     yield p
     stop_proxy(p)
@@ -119,3 +121,27 @@ def test_a_field_litellm_reads_its_own_way_is_refused(px: Proxy, path: str, body
     r = post(px, path, {"model": "rt1-other", **body})
     assert r.status_code == 400 and field in r.text, (r.status_code, r.text[:300])
     assert px.fake.upstream_requests()[before:] == []
+
+
+def test_images_in_a_tool_output_are_reserved_as_images(px: Proxy) -> None:
+    """A Responses `function_call_output` whose output is content parts: Ark reads its images as
+    images (the dearer reading; the fake billed their JSON text only, 1,389 for 50 `detail: high`
+    images worth up to 256,000), so the guard reserves them at Ark's formula."""
+    images = [{"type": "input_image", "image_url": f"https://img.invalid/{i}.png", "detail": "high"}
+              for i in range(2)]
+    pool = px.fake.pool_totals(IMAGES[0])
+    before = pool.consumed
+    codes = []
+    for i in range(4):
+        r = post(px, "/v1/responses", {"model": "rt1-img", "max_output_tokens": 50, "input": [
+            {"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{i}", "output": images},
+            {"role": "user", "content": f"hi {i} [[fake completion=10]]"}]})
+        codes.append(r.status_code)
+    assert set(codes) <= {200, 429} and 200 in codes, codes
+    after = px.fake.pool_totals(IMAGES[0])
+    assert after.consumed - before >= codes.count(200) * 2 * 1_000  # billed as images on the fake
+    assert after.billed == 0
+    lines = px.wait_for_log(r"\[Usage\].*pool=acct-c/rt1-img", count=codes.count(200))
+    reserved = [int(m) for ln in lines for m in re.findall(r"reserved=(\d+)", ln)]
+    assert min(reserved) >= 2 * 1_000 and not any("overrun=yes" in ln for ln in lines), lines

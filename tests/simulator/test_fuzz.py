@@ -78,7 +78,11 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     assert min(lags) == 0 and 45 in lags and max(lags) > 400
     assert min(ratios) < 0.36 and max(ratios) > 1.38
     assert {1, 32} <= conc
-    assert min(durations) >= 1 and max(durations) == 300
+    # Up to 5 minutes, and the eleventh generator's requests that outlive the 900 s reservation
+    # TTL (15-60 min), most of them across a Beijing midnight.
+    assert min(durations) >= 1 and max(d for d in durations if d <= 300) == 300
+    assert 900 <= min(d for d in durations if d > 300) and max(durations) <= 3600
+    assert sum(d >= 900 for d in durations) > 20
     assert all(n > 5 for n in seen.values()), seen
 
 

@@ -136,3 +136,18 @@ def test_a_first_start_after_unseen_usage_under_a_long_lag_is_planned_around(res
         guard = results[name]["guard"]
         assert guard.billed_tokens == 0
         assert guard.served_tokens >= 420_000 - 50_000 - 30_000, guard.as_json()
+
+
+def test_a_snapshot_never_goes_stale_between_syncs(results: Results) -> None:
+    """A sync interval longer than the snapshot's life (120 > 90 min) refused every request in the
+    gap (57,000 tokens while free): the next sync comes before the snapshot ages out."""
+    guard = results["sync-interval-beyond-snapshot-age"]["guard"]
+    assert guard.blocked_requests == 0 and guard.refused_while_free_tokens == 0, guard.as_json()
+
+
+def test_a_young_history_waits_for_a_tight_lag_bound(results: Results) -> None:
+    """Packages expiring every 5 minutes under a burst: a first start's young history ended on a
+    loose lag bound (182 min against a true 14) and kept it as Δ_assumed for a week, so 170,300
+    free tokens expired unused. It stays young until the bound is tight."""
+    guard = results["staggered-expiries-during-burst"]["guard"]
+    assert guard.expired_tokens == 0 and guard.served_tokens >= 1_200_000, guard.as_json()

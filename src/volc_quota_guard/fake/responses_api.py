@@ -50,6 +50,7 @@ from .ark_api import (
     thinking_on,
 )
 from .billing_api import Reply, json_reply
+from .media import IMAGE_PARTS, MEDIA_PARTS
 from .state import ChatRecord, FakeState, StoredResponse
 
 RESPONSES_PATH = "/api/v3/responses"
@@ -72,13 +73,21 @@ def _item_message(item: Any, per_part: int) -> tuple[dict[str, Any], int]:
     if kind == "function_call":
         return {"role": "assistant",
                 "content": f"{item.get('name', '')} {item.get('arguments', '')}"}, 0
+    # The dearer reading where Ark's is unknown: an item's JSON is text, and the images and
+    # media in it (a tool output's parts, a bare part) are billed at Ark's formula on top.
     if kind == "function_call_output":
         output = item.get("output")
-        return {"role": "user",
-                "content": output if isinstance(output, str) else json.dumps(output)}, 0
-    if kind == "reasoning":
-        return {"role": "assistant", "content": text_of(item.get("summary"))}, 0
-    return {"role": "user", "content": json.dumps(item, ensure_ascii=False)}, 0
+        return {"role": "user", "content": output if isinstance(output, str) else json.dumps(output)}, \
+            _media_of(output, per_part)
+    return {"role": "user", "content": json.dumps(item, ensure_ascii=False)}, _media_of([item], per_part)
+
+
+def _media_of(parts: Any, per_part: int) -> int:
+    """The media tokens of the image and media parts in a list (other entries ignored)."""
+    if not isinstance(parts, list):
+        return 0
+    return split_content([p for p in parts if isinstance(p, dict)
+                          and p.get("type") in IMAGE_PARTS | MEDIA_PARTS], per_part)[1]
 
 
 def _chat_tools(tools: Any) -> tuple[list[Any], list[Any]]:

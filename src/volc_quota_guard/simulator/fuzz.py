@@ -197,7 +197,10 @@ def _long_requests(seed: int, scenario: dict[str, object]) -> None:
     counts: dict[str, object] = {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio")
                                  if k in traffic[0]}
     duration = rng.randint(15, 60) * 60
-    start = 24 * 60 - rng.randint(1, duration // 60 - 1) if rng.random() < 0.7 else rng.randrange(0, 23 * 60)
+    first = datetime.fromisoformat(str(scenario["start"]))
+    first_minute = first.hour * 60 + first.minute + 1  # day 1's lines start after the run does
+    start = 24 * 60 - rng.randint(1, duration // 60 - 1) if rng.random() < 0.7 \
+        else rng.randrange(first_minute, 23 * 60)
     completion = _log_uniform(rng, 1_000, 20_000)
     traffic.append({"at": _hhmm(start), "day": 1, "concurrency": rng.choice([4, 8, 16, 24]),
                     "prompt": _log_uniform(rng, 2_000, 30_000), "completion": completion,

@@ -273,10 +273,14 @@ def arrivals(s: Scenario) -> Iterator[Arrival]:
     found: list[Arrival] = []
     start, end = s.start_ms, s.end_ms
     for i, line in enumerate(s.traffic):
-        days = [line.day] if line.day is not None else range(1, s.calendar_days + 1)
+        # A one-off (`at`) runs on day 1 unless `day` says otherwise (SCENARIOS.md), a stream on
+        # every day; either only inside the run.
+        days = [line.day] if line.day is not None else [1] if line.at is not None \
+            else range(1, s.calendar_days + 1)
         for day in days:
             if line.at is not None:
-                found.append(Arrival(s.request_ms(day, line.at), i, line.concurrency))
+                if start <= (t := s.request_ms(day, line.at)) < end:
+                    found.append(Arrival(t, i, line.concurrency))
                 continue
             assert line.from_ is not None and line.to is not None and line.every_seconds
             t0 = s.request_ms(day, line.from_)
