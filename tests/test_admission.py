@@ -354,3 +354,22 @@ def test_several_text_parts_are_counted_one_by_one_with_their_joints() -> None:
     for parts, least in (([""] * 20_000, 2 * 19_999), (["\n"] * 10_000, 10_000 + 2 * 9_999)):
         content = [{"type": "text", "text": t} for t in parts]
         assert size({"messages": [{"role": "user", "content": content}]}, CHAT, cl).input_tokens >= least
+
+
+def test_images_at_any_depth_of_a_byte_bounded_part_are_reserved_at_arks_formula() -> None:
+    """A URL image nested in a tool output's parts, or in a chat `tool_result`, is a few bytes of
+    JSON that Ark may bill as thousands of tokens: its formula is reserved at every depth."""
+    image = {"type": "input_image", "image_url": "https://img.invalid/a.png", "detail": "high"}
+    one = media.image_tokens(image)
+    assert one > 1_000
+    for depth in range(4):
+        nested: Any = [image]
+        for _ in range(depth):
+            nested = [{"type": "output_group", "content": nested}]
+        item = {"type": "function_call_output", "call_id": "c", "output": nested}
+        assert size({"input": [item]}, RESPONSES, LIMITS).input_tokens >= one, depth
+    tool_result = {"type": "tool_result", "content": [{"type": "x", "content": [image]}]}
+    assert size(chat([tool_result]), CHAT, LIMITS).input_tokens >= one
+    bad = {"type": "tool_result", "content": [{"type": "image_url", "image_url": {}}]}
+    with pytest.raises(InvalidRequest, match=r"messages\[0\]\.content\[0\]\.content\[0\]"):
+        size(chat([bad]), CHAT, LIMITS)

@@ -595,7 +595,8 @@ def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
                                             "model_info.vqg_media_part_tokens to allow it")
             tokens += limits.media_part_tokens + _byte_bound(part) // 4
         elif kind in _STRUCT_PARTS:
-            tokens += _byte_bound(part)
+            tokens += _byte_bound(part) + _nested_media(
+                {k: v for k, v in part.items() if k != "type"}, field, limits)  # type: ignore[union-attr]
         else:
             raise InvalidRequest(field, f"{field}: content part type {kind!r:.40} cannot be sized "
                                         "by the guard")
@@ -647,16 +648,21 @@ def _item(where: str, item: Mapping[str, Any], limits: Limits) -> int:
         rest = {k: v for k, v in item.items()
                 if k not in ("content", "type") and not (k == "role" and usual_role)}
         return _count_text(limits, text) + tokens + (_byte_bound(rest) if rest else 0)
-    media_tokens = 0
-    if isinstance(kind, str) and kind in _TEXT_PARTS | _IMAGE_PARTS | _MEDIA_PARTS:  # a bare part
-        media_tokens = _parts([item], where, limits)[1]
-    for key in ("output", "content"):  # a tool output's parts: images read as images, not text
-        nested = item.get(key)
-        if isinstance(nested, list):
-            media = [p for p in nested
-                     if isinstance(p, Mapping) and p.get("type") in _IMAGE_PARTS | _MEDIA_PARTS]
-            media_tokens += _parts(media, f"{where}.{key}", limits)[1] if media else 0
-    return _byte_bound(item) + media_tokens
+    bare_text = _parts([item], where, limits)[1] if kind in _TEXT_PARTS else 0  # validates it
+    return _byte_bound(item) + bare_text + _nested_media(item, where, limits)
+
+
+def _nested_media(obj: object, where: str, limits: Limits) -> int:
+    """Ark's formula for every image or media part at any depth of a byte-bounded object (a tool
+    output's parts, a part inside a part's output): Ark may read any of them as an image, and an
+    image URL's few bytes stand for up to thousands of tokens."""
+    if isinstance(obj, list):
+        return sum(_nested_media(v, f"{where}[{i}]", limits) for i, v in enumerate(obj))
+    if not isinstance(obj, Mapping):
+        return 0
+    if obj.get("type") in _IMAGE_PARTS | _MEDIA_PARTS:
+        return _parts([obj], where, limits)[1]
+    return sum(_nested_media(v, f"{where}.{k}", limits) for k, v in obj.items())
 
 
 def pin_output(kwargs: dict[str, Any], route: Route, per_choice: int) -> None:

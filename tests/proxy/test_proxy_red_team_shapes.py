@@ -16,7 +16,7 @@ from volc_quota_guard.fake import FakeVolcengine
 pytestmark = pytest.mark.proxy
 POOL = ("acct-c/rt1-resp-260101", 60_000)
 OTHER = ("acct-c/rt1-other-260101", 60_000)
-IMAGES = ("acct-c/rt1-img-260101", 60_000)
+IMAGES = ("acct-c/rt1-img-260101", 300_000)
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 
 
@@ -123,12 +123,20 @@ def test_a_field_litellm_reads_its_own_way_is_refused(px: Proxy, path: str, body
     assert px.fake.upstream_requests()[before:] == []
 
 
-def test_images_in_a_tool_output_are_reserved_as_images(px: Proxy) -> None:
+def _nest(images: list[dict[str, Any]], depth: int) -> list[Any]:
+    for _ in range(depth):
+        images = [{"type": "output_group", "content": images}]
+    return images
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_images_in_a_tool_output_are_reserved_as_images(px: Proxy, depth: int) -> None:
     """A Responses `function_call_output` whose output is content parts: Ark reads its images as
     images (the dearer reading; the fake billed their JSON text only, 1,389 for 50 `detail: high`
-    images worth up to 256,000), so the guard reserves them at Ark's formula."""
-    images = [{"type": "input_image", "image_url": f"https://img.invalid/{i}.png", "detail": "high"}
-              for i in range(2)]
+    images worth up to 256,000), so the guard reserves them at Ark's formula, at any depth (a
+    part nested in a part: byte-bounded at ~80 tokens an image before)."""
+    images = _nest([{"type": "input_image", "image_url": f"https://img.invalid/{i}.png", "detail": "high"}
+                    for i in range(2)], depth)
     pool = px.fake.pool_totals(IMAGES[0])
     before = pool.consumed
     codes = []

@@ -82,12 +82,16 @@ def _item_message(item: Any, per_part: int) -> tuple[dict[str, Any], int]:
     return {"role": "user", "content": json.dumps(item, ensure_ascii=False)}, _media_of([item], per_part)
 
 
-def _media_of(parts: Any, per_part: int) -> int:
-    """The media tokens of the image and media parts in a list (other entries ignored)."""
-    if not isinstance(parts, list):
+def _media_of(obj: Any, per_part: int) -> int:
+    """The media tokens of the image and media parts at any depth (the dearer reading: Ark may
+    read a part nested in a tool output's parts as an image too)."""
+    if isinstance(obj, list):
+        return sum(_media_of(v, per_part) for v in obj)
+    if not isinstance(obj, dict):
         return 0
-    return split_content([p for p in parts if isinstance(p, dict)
-                          and p.get("type") in IMAGE_PARTS | MEDIA_PARTS], per_part)[1]
+    if obj.get("type") in IMAGE_PARTS | MEDIA_PARTS:
+        return split_content([obj], per_part)[1]
+    return sum(_media_of(v, per_part) for v in obj.values())
 
 
 def _chat_tools(tools: Any) -> tuple[list[Any], list[Any]]:
