@@ -68,6 +68,9 @@ ROUTES: dict[str, Route] = {
     "aembedding": _EMBEDDING, "embedding": _EMBEDDING,
     "anthropic_messages": _MESSAGES,
 }
+# Reading or deleting a stored response bills no tokens (Ark bills generation, not storage).
+FREE_CALL_TYPES = frozenset({"aget_responses", "get_responses", "adelete_responses",
+                             "delete_responses", "alist_input_items", "list_input_items"})
 
 # Fields Ark receives that carry no billable text (numbers, switches, small enums).
 _UNBILLED = frozenset({

@@ -153,3 +153,19 @@ def test_images_in_a_tool_output_are_reserved_as_images(px: Proxy, depth: int) -
     lines = px.wait_for_log(r"\[Usage\].*pool=acct-c/rt1-img", count=codes.count(200))
     reserved = [int(m) for ln in lines for m in re.findall(r"reserved=(\d+)", ln)]
     assert min(reserved) >= 2 * 1_000 and not any("overrun=yes" in ln for ln in lines), lines
+
+
+def test_a_stored_response_can_be_read_and_deleted_through_the_proxy(px: Proxy) -> None:
+    """GET and DELETE of a stored response bill nothing: they pass, and hold nothing in flight."""
+    r = post(px, "/v1/responses", {"model": "rt1-other", "max_output_tokens": 50, "store": True,
+                                   "input": "hi [[fake completion=10]]"})
+    assert r.status_code == 200, r.text[:300]
+    rid = r.json()["id"]
+    before = px.fake.pool_totals(OTHER[0]).consumed
+    auth = {"Authorization": f"Bearer {MASTER_KEY}"}
+    got = httpx.get(f"{px.url}/v1/responses/{rid}", headers=auth, timeout=60)
+    assert got.status_code == 200 and got.json().get("object") == "response", got.text[:300]
+    gone = httpx.delete(f"{px.url}/v1/responses/{rid}", headers=auth, timeout=60)
+    assert gone.status_code == 200, gone.text[:300]
+    assert px.fake.pool_totals(OTHER[0]).consumed == before
+    assert not px.state(OTHER[0]).get("inflight")

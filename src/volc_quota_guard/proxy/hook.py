@@ -238,7 +238,7 @@ class QuotaGuard(CustomLogger):
             self._refuse_fan_out(router, model, data)
             return None
         guarded, all_guarded = guards_of_group(router, model, data)
-        if not guarded:
+        if not guarded or call_type in admission.FREE_CALL_TYPES:
             return None
         route = admission.route_of(call_type)  # a route the guard cannot settle is a 400 here
         admission.validate(data, route)  # a malformed request is the client's 400, before routing
@@ -414,6 +414,8 @@ class QuotaGuard(CustomLogger):
                 f"{foreign}: a request may not choose the Ark account or endpoint of a guarded "
                 "deployment (the guard reserves in the deployment's own account); it is refused",
                 group, foreign)
+        if call_type in admission.FREE_CALL_TYPES:
+            return None
         try:
             route = admission.route_of(call_type)
             live = state.live.get(guard.model_id)
