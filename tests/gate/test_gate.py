@@ -107,6 +107,28 @@ def test_expired_reservation_counts_as_consumed_then_late_settle_tops_up_once(ga
     assert gate.status(POOL).get("expired_count") == 1
 
 
+def test_a_dead_process_reservation_expiring_near_midnight_counts_on_the_next_day_too(gate, clock):
+    """Only a dead process's reservation expires (a live one renews), and its call may still run
+    at Ark past Beijing midnight and be billed on the new day: within 6 h of midnight it counts on
+    both days; at midday it does not carry."""
+    midnight = next_beijing_midnight_ms(T0)
+    clock.set(midnight - 2 * 3_600_000)
+    gate.install_snapshot(POOL, snap(clock, balance=10_000_000, cap=100_000, minutes=24 * 60))
+    gate.reserve(POOL, "late", 30_000, ttl_ms=60_000)
+    clock.advance(61_000)
+    assert gate.status(POOL).decision.used_today == 30_000
+    clock.set(midnight + 60_000)
+    d = gate.reserve(POOL, "next", 80_000, least=80_000)
+    assert (d.status, d.reason) == ("refused", "collection_wall")
+    assert gate.reserve(POOL, "fits", 60_000).used_today == 90_000
+    clock.set(midnight + 12 * 3_600_000)
+    assert gate.reserve(POOL, "noon", 5_000, ttl_ms=60_000).reason == "admitted"
+    clock.advance(61_000)
+    assert gate.status(POOL).decision.used_today == 95_000
+    clock.set(midnight + 86_400_000 + 60_000)
+    assert gate.status(POOL).decision.used_today == 0
+
+
 def test_release_frees_headroom_and_unknown_settle_counts_once(gate, clock):
     """Release gives the reservation back; a settle for an id never reserved is counted once."""
     gate.install_snapshot(POOL, snap(clock))

@@ -30,7 +30,7 @@ STATE_FIELDS = ["balance", "settled", "expiring", "buffer", "cap", "valid_until"
                 "evicted_until", "tl_floor", "snap_seq", "corr", "corr_at", "corr_n", "corr_min",
                 "corr_max", "inflight_est", "inflight_est_res", "dr_day", "dr_chain", "dr_from",
                 "dr_best", "dr_ucum", "unsure", "xcorr", "xcorr_at", "xcorr_n", "inflight_xest",
-                "inflight_xest_res"]
+                "inflight_xest_res", "carry_day", "carry"]
 
 amounts = st.integers(min_value=1, max_value=200_000)
 bad_amounts = st.sampled_from([-1, 0, 1.5, 10**12, "12abc", ""])

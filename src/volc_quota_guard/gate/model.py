@@ -14,6 +14,7 @@ from ..errors import GateError
 from .values import MAX_AMOUNT, MAX_REQUEST, MAX_TIME, PPM, Decision, Snapshot, corrected
 
 RESOLVED_MS = 21_600_000  # resolved ids: 6 h
+CARRY_MS = RESOLVED_MS  # an expired reservation this close to midnight counts on the next day too
 TIMELINE_MS = 172_800_000  # timeline minutes: 48 h
 SWEEP_LIMIT = 1000
 TRIM_LIMIT = 100
@@ -77,6 +78,8 @@ class PoolModel:
     dr_best: int = 0
     dr_ucum: int = 0
     unsure: int = 0  # lifetime usage counted without a measurement
+    carry_day: int = 0  # expired reservations Ark may bill on Beijing day carry_day
+    carry: int = 0
     xcorr: int = 0  # the exact class's peak measured ratio (ppm), 0 = none yet
     xcorr_at: int = 0
     xcorr_n: int = 0
@@ -142,9 +145,10 @@ class PoolModel:
 
     def day_count(self) -> int:
         """Today's usage as the daily cap counts it: ours, or less where the API showed less."""
+        carried = self.carry if self.carry_day == self.day else 0
         if self.dr_day != self.day:
-            return self.day_usage
-        return min(self.day_usage, self.dr_best + max(0, self.ucum - self.dr_ucum))
+            return carried + self.day_usage
+        return carried + min(self.day_usage, self.dr_best + max(0, self.ucum - self.dr_ucum))
 
     def headrooms(self) -> tuple[int, int]:
         return (self.balance_wall() - (self.ucum + self.held()),
@@ -231,6 +235,11 @@ class PoolModel:
             self.add_usage(amount, now, unsure=True)
             self.resolve(rid, "expired", amount, now)
             self.expired_count += 1
+            next_day = beijing_day(now) + 1
+            if beijing_day(now + CARRY_MS) == next_day:
+                if self.carry_day != next_day:
+                    self.carry_day, self.carry = next_day, 0
+                self.carry += amount
         cutoff = now - RESOLVED_MS
         old = sorted((at, rid) for rid, (_, _, at) in self.resolved.items() if at <= cutoff)
         for _, rid in old[:TRIM_LIMIT]:

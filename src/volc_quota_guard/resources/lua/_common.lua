@@ -12,6 +12,9 @@ local MAX_TIME = 4102444800000         -- 2100-01-01: also "evicted until the ne
 local RESOLVED_MS = 21600000           -- resolved ids live 6 h: a later settle is counted again (safe)
 local TIMELINE_MS = 172800000          -- timeline minutes live 48 h
 local SWEEP_LIMIT = 1000               -- expired reservations swept per call
+-- A reservation expires only when its process died (a live one renews it), and its call may go
+-- on at Ark for hours: one swept this close to Beijing midnight is also counted on the next day.
+local CARRY_MS = RESOLVED_MS
 local TRIM_LIMIT = 100                 -- old ids / minutes trimmed per call
 -- The estimate correction k (parts per million): measured / estimated prompt tokens.
 local PPM = 1000000
@@ -64,7 +67,9 @@ local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buf
   'unsure',
   -- The exact-count class (reserve's 'exact'): its peak ratio, when and how often measured, and
   -- the in-flight sums of its estimated and reserved input (the fields above are the cheap class).
-  'xcorr', 'xcorr_at', 'xcorr_n', 'inflight_xest', 'inflight_xest_res'}
+  'xcorr', 'xcorr_at', 'xcorr_n', 'inflight_xest', 'inflight_xest_res',
+  -- Expired reservations (a dead process's calls) that Ark may bill on Beijing day carry_day.
+  'carry_day', 'carry'}
 
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
@@ -203,6 +208,11 @@ local function sweep(st, now)
       add_usage(st, counted, now, true)
       resolve(id, 'expired', counted, now)
       st.expired_count = st.expired_count + 1
+      local next_day = day_of(now) + 1
+      if day_of(now + CARRY_MS) == next_day then
+        if st.carry_day ~= next_day then st.carry_day, st.carry = next_day, 0 end
+        st.carry = st.carry + counted
+      end
     end
   end
 end
@@ -246,8 +256,9 @@ end
 -- Today's usage as the daily cap counts it: the guard's own count, or less where the billing
 -- API showed the day used less (usage the guard kept whole because it was never reported).
 local function day_count(st)
-  if st.dr_day ~= st.day then return st.day_usage end
-  return math.min(st.day_usage, st.dr_best + math.max(0, st.ucum - st.dr_ucum))
+  local carried = (st.carry_day == st.day) and st.carry or 0
+  if st.dr_day ~= st.day then return carried + st.day_usage end
+  return carried + math.min(st.day_usage, st.dr_best + math.max(0, st.ucum - st.dr_ucum))
 end
 
 -- In-flight requests reserved with a k (kx) lower than today's may each use that much more input.
