@@ -89,17 +89,48 @@ AFTER_HOOK_PARAMS = ("prompt_id", *REWRITTEN_AFTER_HOOK)
 _ARK_HOSTS = (".volces.com", ".volcengineapi.com", ".byteplusapi.com")
 
 
+def _host(base: str) -> str:
+    return base.strip().lower().split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1].split(":", 1)[0]
+
+
 def is_ark_base(api_base: str, env: Mapping[str, str] | None = None) -> bool:
     """Whether an api_base sends to Ark: an Ark host, or the base LiteLLM's volcengine uses."""
     base = api_base.strip().rstrip("/").lower()
     if not base:
         return False
-    host = base.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1].split(":", 1)[0]
-    if host.endswith(_ARK_HOSTS):
+    if _host(base).endswith(_ARK_HOSTS):
         return True
     env = os.environ if env is None else env
     ark = env.get("VOLCENGINE_API_BASE", "").strip().rstrip("/").lower()
     return bool(ark) and base == ark
+
+
+# LiteLLM's provider pass-through routes (`/openai/*`, `/mistral/*`, `/vllm/*` …) send a body as is
+# to a base named by a provider variable (OPENAI_API_BASE, MISTRAL_API_BASE, VLLM_API_BASE …).
+# None of them is Volcengine's: these prefixes name Ark itself, or this package.
+_OWN_PREFIXES = ("VQG_", "VOLC", "ARK_")
+
+
+def pass_through_to_ark(env: Mapping[str, str], settings: Mapping[str, Any] | None,
+                        ark_bases: Iterable[str] = ()) -> str | None:
+    """The first provider variable or `pass_through_endpoints` target that points a LiteLLM
+    pass-through route at Ark (an Ark host, or the host of a guarded deployment's `ark_bases`),
+    where such a call is neither reserved nor settled; else None."""
+    hosts = {_host(b) for b in ark_bases if b}
+
+    def to_ark(base: str) -> bool:
+        return is_ark_base(base, env) or (bool(base.strip()) and _host(base) in hosts)
+
+    for name in sorted(env):
+        if name.endswith(("_API_BASE", "_BASE_URL")) and not name.startswith(_OWN_PREFIXES) \
+                and to_ark(env[name]):
+            return name
+    routes = (settings or {}).get("pass_through_endpoints") or ()
+    for i, route in enumerate(routes if isinstance(routes, list) else ()):
+        target = route.get("target") if isinstance(route, Mapping) else None
+        if isinstance(target, str) and to_ark(_resolve(target, env)):
+            return f"general_settings.pass_through_endpoints[{i}].target"
+    return None
 
 
 def credential_values(params: Mapping[str, Any]) -> Mapping[str, Any]:

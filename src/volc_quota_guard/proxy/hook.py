@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 import uuid
 import weakref
@@ -53,7 +54,7 @@ from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 
 from .. import admission, counting, estimate, metrics  # noqa: E402
 from ..config import MIN_OUTPUT_TOKENS, Settings, reservation_keep_s, settings  # noqa: E402
-from ..errors import GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
+from ..errors import ConfigError, GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
 from ..gate import AsyncGate, Decision, KeySpace  # noqa: E402
 from ..gate.store import connect_async  # noqa: E402
 from ..gate.values import corrected  # noqa: E402
@@ -81,7 +82,15 @@ from .calls import (  # noqa: E402
     upstream_responses_usage,
     upstream_sent_usage,
 )
-from .deployments import DEFAULT_API_BASE, GuardedDeployment, guard_for, guard_for_deployment  # noqa: E402
+from .deployments import (  # noqa: E402
+    DEFAULT_API_BASE,
+    GuardedDeployment,
+    api_base_of,
+    guard_for,
+    guard_for_deployment,
+    guarded_deployments,
+    pass_through_to_ark,
+)
 from .refusals import QuotaRefused, QuotaStoreDown, store_failure  # noqa: E402
 
 log = logging.getLogger("volc_quota_guard")
@@ -92,6 +101,7 @@ RESPONSE_RECORD_S = 30 * 86_400  # a stored response's size is kept as long as A
 HEADROOM_HINT_S = 10.0  # a pool's last gate answer in this process says "near the wall" this long
 FALLBACK_LOG_S = 60.0  # a deployment's tokenization failures are logged once a minute
 EXACT_BACKOFF_S = 30.0  # after a failure, big prompts wait this long before asking first again
+PASS_THROUGH = "allm_passthrough_route"  # the router call of /vllm, /openai, /azure, /bedrock …
 
 
 def _now_ms() -> int:
@@ -230,6 +240,8 @@ class QuotaGuard(CustomLogger):
             return None
 
     async def _pre_call(self, data: dict, call_type: str) -> dict | None:
+        if call_type == "pass_through_endpoint":
+            self._refuse_pass_through_to_ark()
         router = llm_router()
         model = data.get("model")
         if router is None or not isinstance(model, str):
@@ -249,6 +261,24 @@ class QuotaGuard(CustomLogger):
         if all(until > now for until in evicted.values()):
             await self._refuse_group(model, guarded, evicted, data, route)
         return None
+
+    @staticmethod
+    def _refuse_pass_through_to_ark() -> None:
+        proxy_server = sys.modules.get("litellm.proxy.proxy_server")
+        router = llm_router()
+        try:
+            bases = [api_base_of(d.get("litellm_params") or {})
+                     for d, _ in guarded_deployments(router.get_model_list() if router else ())]
+        except ConfigError:
+            bases = []  # the deployment hook refuses those deployments' own calls
+        target = pass_through_to_ark(os.environ, getattr(proxy_server, "general_settings", None), bases)
+        if target is not None:
+            log.warning("⛔ [PASS-THROUGH] refused: %s points LiteLLM's pass-through routes at Ark, "
+                        "where no reservation guards them", target)
+            raise InvalidRequest(target, (
+                f"{target} points LiteLLM's pass-through routes at Ark, where the free-quota guard "
+                "can neither reserve nor settle a call: pass-through requests are refused on this "
+                "proxy; use /v1/chat/completions, /v1/responses, /v1/embeddings or /v1/messages"))
 
     @staticmethod
     def _refuse_fan_out(router: Any, model: str, data: Mapping[str, Any]) -> None:
@@ -389,9 +419,14 @@ class QuotaGuard(CustomLogger):
     async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any],
                                              call_type: Any) -> dict | None:
         """Reserve input + output cap for this deployment attempt; clamp or refuse."""
+        name = call_type_name(call_type)
         try:
-            return await self._reserve(kwargs, call_type_name(call_type))
-        except (QuotaRefused, QuotaStoreDown, litellm.BadRequestError):
+            return await self._reserve(kwargs, name)
+        except litellm.BadRequestError as exc:
+            if name == PASS_THROUGH:
+                raise refusals.as_http(exc) from None
+            raise
+        except (QuotaRefused, QuotaStoreDown):
             raise
         except Exception as exc:  # noqa: BLE001  an unguarded pass needs fail-open
             store_failure(self.fail_open, "guard error, request passes unguarded",

@@ -102,6 +102,14 @@ def bad_request(text: str, model: object, param: str | None = None) -> litellm.B
                                               body=body)
 
 
+def as_http(exc: litellm.BadRequestError) -> Exception:
+    """The same 400 as an HTTP error: LiteLLM's provider pass-through routes (`/vllm`, `/openai`,
+    `/azure`) do not map a hook's error, and answer anything but an HTTP one with a bare 500."""
+    from fastapi import HTTPException
+
+    return HTTPException(status_code=400, detail={"error": exc.message})
+
+
 def store_failure(fail_open: bool, passes: str, refused_line: str, refusal: Exception,
                   exc: BaseException, *, traceback: bool = False) -> None:
     """The fail mode, decided here alone: return (fail-open: the request passes unguarded, and
