@@ -31,7 +31,7 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
             "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
             "missing_wave": 0, "ark_api": 0, "ark_api_wave": 0, "long_lag": 0, "lag_incident": 0,
-            "busy_first_start": 0, "unreported_under_lag": 0, "burst_before_wipe": 0}
+            "busy_first_start": 0, "unreported_under_lag": 0, "burst_before_wipe": 0, "crash": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
@@ -46,6 +46,7 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
         seen["busy_first_start"] += s.prior_usage is not None and s.prior_usage.tokens > 60_000 \
             and s.settlement_lag_minutes > 20
         seen["wipe"] += s.wipe_at is not None
+        seen["crash"] += s.crash_at is not None
         seen["burst_before_wipe"] += s.wipe_at is not None and s.wipe_at % 60_000 > 0 and any(
             line.single and line.concurrency >= 8 and line.at == s.wipe_at // 60_000 * 60_000 + 1_000
             for line in s.traffic)

@@ -152,6 +152,15 @@ def test_prior_usage_and_wipe_at_are_additions_checked_like_the_rest() -> None:
         GOOD + "prior_usage: {tokens: 1, minuets: 3}\n")
 
 
+def test_crash_at_is_an_addition_checked_like_the_rest() -> None:
+    """`crash_at` parses (absent: no crash) and must fall inside the run, like `wipe_at`."""
+    assert parse_scenario(GOOD).crash_ms is None
+    s = parse_scenario(GOOD + 'crash_at: "23:40"\n')
+    assert s.crash_ms == s.start_ms + (23 * 60 + 40) * 60_000
+    late = _error(GOOD.replace("2026-08-13T00:00:00", "2026-08-13T15:00:00") + 'crash_at: "14:05"\n')
+    assert "s.yaml:11: crash_at: the crash is not inside the run" in late
+
+
 def test_lag_changes_are_an_addition_checked_like_the_rest() -> None:
     """`lag_changes` parse in time order whatever their order in the file; a change outside the
     run is an error naming its line."""

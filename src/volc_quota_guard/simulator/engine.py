@@ -1,7 +1,8 @@
 """The discrete-event loop: one scenario, one strategy, one fresh ledger, in Beijing time.
 
 Events, in time order (at equal times: the end of a Beijing day, settles, then the strategy's
-sync, then samples, then arrivals, then a wipe of the strategy's store): a request *arrives* (the
+sync, then samples, then arrivals, then a wipe of the strategy's store, then a crash of its
+process): a request *arrives* (the
 strategy admits it, maybe with a clamped output cap, or refuses it), runs `duration_seconds`, then
 *settles*: the ledger consumes its true tokens at that instant (billing what exceeds the true free
 balance) and the strategy records the usage the upstream reported. The ledger applies return
@@ -140,7 +141,7 @@ def make_strategy(name: str, s: Scenario, ledger: Ledger, clock: ManualClock, cf
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
-_LAG, _DAY_END, _SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE = range(7)
+_LAG, _DAY_END, _SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE, _CRASH = range(8)
 _NEVER = 1 << 62
 
 
@@ -177,6 +178,8 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
     next_arrival = 0
     next_sample = s.start_ms if out else _NEVER
     wipe_at = s.wipe_ms if s.wipe_ms is not None else _NEVER
+    crash_at = s.crash_ms if s.crash_ms is not None else _NEVER
+    orphans: set[int] = set()  # requests whose process died: Ark bills them, no one settles them
     lag_changes = s.lag_schedule()
 
     with sync_logs(verbose) as errors, closing(make_strategy(strategy, s, ledger, clock, cfg, errors,
@@ -192,6 +195,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                 (next_sample if next_sample < end else _NEVER, _SAMPLE),
                 (todo[next_arrival].at_ms if next_arrival < len(todo) else _NEVER, _ARRIVE),
                 (wipe_at, _WIPE),
+                (crash_at, _CRASH),
             )
             now, kind = min(candidates)
             if now >= _NEVER:
@@ -206,17 +210,21 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                 stranded_start += at_start
                 next_midnight = next_beijing_midnight_ms(now)
             elif kind == _SETTLE:
-                _, _, req, adm, tokens = heapq.heappop(settles)
+                _, n, req, adm, tokens = heapq.heappop(settles)
                 ledger.consume(POOL, tokens, now)
                 pending -= tokens
                 served += 1
                 served_tokens += tokens
-                strat.settle(req, adm, None if req.line.usage == "missing" else tokens, now)
+                if n not in orphans:
+                    strat.settle(req, adm, None if req.line.usage == "missing" else tokens, now)
             elif kind == _WAKE:
                 strat.wake(now)
             elif kind == _WIPE:
                 strat.wipe(now)
                 wipe_at = _NEVER
+            elif kind == _CRASH:
+                orphans.update(n for _, n, _, _, _ in settles)  # the guard's deadlines stop there
+                crash_at = _NEVER
             elif kind == _SAMPLE:
                 assert out is not None
                 totals = ledger.totals(POOL, now)

@@ -189,7 +189,8 @@ def _long_requests(seed: int, scenario: dict[str, object]) -> None:
     """Requests that outlive the reservation TTL (15-60 min: long reasoning streams), from a
     generator of their own, most started before a Beijing midnight and ending after it, then a
     day that wants more than its cap: a reservation counted whole at its deadline on one day
-    while Ark collects it on the next burned 552,000 tokens (a red-team pass, stop 32)."""
+    while Ark collects it on the next burned 552,000 tokens (a red-team pass, stop 32). Half of
+    them crash the proxy process mid-call (`crash_at`)."""
     rng = random.Random(f"long-{seed}")
     if rng.random() < 0.85:
         return
@@ -212,6 +213,11 @@ def _long_requests(seed: int, scenario: dict[str, object]) -> None:
                     "prompt": size * 4 // 5, "completion": size // 5, "max_tokens": size // 5 + 100,
                     "duration_seconds": 20, **counts})
     scenario["days"] = 2
+    last = min(start + duration // 60 - 1, 24 * 60 - 1)
+    if rng.random() < 0.5 and start + 1 <= last:
+        # Half the time the process running them dies mid-call (stop 34): their reservations
+        # expire where its last renewal left them, mostly before midnight, and are never settled.
+        scenario["crash_at"] = _hhmm(rng.randint(start + 1, last))
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:

@@ -201,13 +201,16 @@ class Scenario(_Strict):
     prior_usage: PriorUsage | None = None
     model_reasoning_tokens: Tokens = 0  # the deployment's vqg_reasoning_tokens (0: no thinking)
     wipe_at: TimeOfDay | None = None  # the guard's store loses all its data at this time, day 1
+    # The proxy process dies at this time, day 1: the calls it has in flight run on at Ark to
+    # their end, never settled and no longer renewed; a new process serves what comes after.
+    crash_at: TimeOfDay | None = None
     lag_changes: list[LagChange] = Field(default_factory=list)  # the API's lag moves mid-run
 
     @model_validator(mode="after")
     def _lines_fit_the_run(self) -> Scenario:
-        wipe = self.wipe_ms
-        if wipe is not None and not self.start_ms < wipe < self.end_ms:
-            raise _LineError(("wipe_at",), "the wipe is not inside the run (day 1, after the start)")
+        for key, at in (("wipe_at", self.wipe_ms), ("crash_at", self.crash_ms)):
+            if at is not None and not self.start_ms < at < self.end_ms:
+                raise _LineError((key,), f"the {key[:-3]} is not inside the run (day 1, after the start)")
         for i, change in enumerate(self.lag_changes):
             if not self.start_ms <= self.request_ms(change.day, change.at) < self.end_ms:
                 raise _LineError(("lag_changes", i, "at"), "this lag change is not inside the run")
@@ -226,6 +229,10 @@ class Scenario(_Strict):
     @property
     def wipe_ms(self) -> int | None:
         return None if self.wipe_at is None else self.request_ms(1, self.wipe_at)
+
+    @property
+    def crash_ms(self) -> int | None:
+        return None if self.crash_at is None else self.request_ms(1, self.crash_at)
 
     @property
     def start_ms(self) -> int:

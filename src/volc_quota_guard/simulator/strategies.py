@@ -278,6 +278,12 @@ class GuardStrategy:
         # the call's timeout (config.reservation_keep_s): the reservation outlives its request.
         ttl_s = self.cfg.reservation_ttl_seconds
         ttl_ms = round(1000 * (ttl_s + min(req.line.duration_seconds, reservation_keep_s(ttl_s) - ttl_s)))
+        crash = self.scenario.crash_ms
+        if crash is not None and now <= crash < now + req.line.duration_seconds * 1000:
+            # Its process dies while it runs: the deadline stays where the last renewal before
+            # the crash put it, and the reservation expires there.
+            every = ttl_s * 1000 // 3
+            ttl_ms = min(ttl_ms, (crash - now) // every * every + ttl_s * 1000)
         exact = req.line.counting == "exact"
         if req.line.counting == "ark-api" and need.input_tokens >= self.cfg.exact_count_min_tokens:
             need, exact = self._need(replace(req, estimate=req.line.exact_estimate())), True
