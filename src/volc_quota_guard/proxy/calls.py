@@ -20,6 +20,7 @@ from .deployments import (
     PROVIDER,
     GuardedDeployment,
     api_base_of,
+    api_key_of,
     conflicts,
     flag,
     guard_for,
@@ -138,6 +139,8 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
     info = model_info_of(kwargs)
     model_id = info.get("id")
     router = llm_router()
+    if router is not None and not isinstance(model_id, str):
+        model_id = built_from(router, kwargs)
     if router is not None and isinstance(model_id, str):
         raw = _router_entry(router, model_id)
         hit = _guards.get(model_id) if raw is not None else None
@@ -162,6 +165,33 @@ def guard_of_call(kwargs: Mapping[str, Any]) -> GuardedDeployment | None:
                 _guards[model_id] = (raw, _fingerprint(raw), found)
             return _checked(found, kwargs, dep.model_info.model_dump() if dep.model_info else {})
     return _checked(guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info), kwargs, info)
+
+
+def built_from(router: Any, kwargs: Mapping[str, Any]) -> str | None:
+    """The id of the router deployment a call without one was made from: LiteLLM's health checks
+    call `acompletion` with a deployment's `litellm_params` and no `model_info`, and Ark bills
+    them to that deployment's account (the first with the same model, key and endpoint)."""
+    model = kwargs.get("model")
+    if not isinstance(model, str):
+        return None
+    key, base = api_key_of(kwargs), api_base_of(kwargs)
+    for dep in getattr(router, "model_list", None) or ():
+        params = dep.get("litellm_params") if isinstance(dep, Mapping) else None
+        if isinstance(params, Mapping) and params.get("model") == model \
+                and api_key_of(params) == key and api_base_of(params) == base:
+            found = (dep.get("model_info") or {}).get("id")
+            return found if isinstance(found, str) else None
+    return None
+
+
+def deployment_id_of(kwargs: Mapping[str, Any]) -> str:
+    """The id of the deployment serving this call (its `model_info`, else the one it was built
+    from: `built_from`), or "" (SDK use)."""
+    found = model_info_of(kwargs).get("id")
+    if not isinstance(found, str):
+        router = llm_router()
+        found = built_from(router, kwargs) if router is not None else None
+    return found or ""
 
 
 def foreign_credentials(kwargs: Mapping[str, Any]) -> str | None:

@@ -68,6 +68,7 @@ from .calls import (  # noqa: E402
     Reservation,
     Reservations,
     call_type_name,
+    deployment_id_of,
     foreign_credentials,
     group_size,
     guard_of_call,
@@ -86,7 +87,6 @@ from .deployments import (  # noqa: E402
     DEFAULT_API_BASE,
     GuardedDeployment,
     api_base_of,
-    guard_for,
     guard_for_deployment,
     guarded_deployments,
     pass_through_to_ark,
@@ -441,6 +441,10 @@ class QuotaGuard(CustomLogger):
             raise refusals.bad_request(f"quota guard misconfigured: {exc}", kwargs.get("model")) from None
         if guard is None:
             return None
+        if guard.model_id and not model_info_of(kwargs).get("id"):
+            # A call made from a deployment's litellm_params alone (a health check): its later
+            # hooks find the reservation by this id (`calls.built_from`).
+            kwargs["model_info"] = {**(kwargs.get("model_info") or {}), "id": guard.model_id}
         state = request_state(kwargs)
         group = model_group_of(kwargs)
         foreign = foreign_credentials(kwargs)
@@ -618,7 +622,7 @@ class QuotaGuard(CustomLogger):
     def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
         """LiteLLM is about to send the HTTP request: from now on the upstream may consume."""
         try:
-            res = self.reservations.stashed(kwargs, str(model_info_of(kwargs).get("id") or ""))
+            res = self.reservations.stashed(kwargs, deployment_id_of(kwargs))
             if res is not None:
                 res.sent = True
                 self._sees_sends = True
@@ -671,7 +675,7 @@ class QuotaGuard(CustomLogger):
         """Record a stored response's size before the client gets its id (a follow-up naming it
         may arrive before the success event settles)."""
         try:
-            model_id = str(model_info_of(request_data).get("id") or "")
+            model_id = deployment_id_of(request_data)
             res = self.reservations.stashed(request_data, model_id) if model_id else None
             if res is not None:
                 await self._record_stored(res, response)
@@ -693,12 +697,11 @@ class QuotaGuard(CustomLogger):
             log.exception("settle after success failed; the reservation expires as consumed")
 
     async def _settle_success(self, kwargs: Mapping[str, Any], response_obj: Any) -> None:
-        info = model_info_of(kwargs)
-        model_id = str(info.get("id") or "")
+        model_id = deployment_id_of(kwargs)
         res = self.reservations.stashed(kwargs, model_id) if model_id else None
         if res is None:
             try:
-                guard = guard_for(kwargs.get("model"), kwargs.get("custom_llm_provider"), info)
+                guard = guard_of_call(kwargs)
             except GuardConfigError:
                 guard = None
             if guard is None:
@@ -773,7 +776,7 @@ class QuotaGuard(CustomLogger):
             log.exception("settle after the failed request failed; the reservation expires as consumed")
 
     async def _settle_failure(self, kwargs: Mapping[str, Any], exc: BaseException) -> None:
-        model_id = str(model_info_of(kwargs).get("id") or "")
+        model_id = deployment_id_of(kwargs)
         res = self.reservations.stashed(kwargs, model_id) if model_id else None
         if res is None:
             return
@@ -788,7 +791,7 @@ class QuotaGuard(CustomLogger):
                                       end_time: Any) -> None:
         """A failure the per-attempt hook did not see (a stream cut mid-way): keep as consumed."""
         try:
-            model_id = str(model_info_of(kwargs).get("id") or "")
+            model_id = deployment_id_of(kwargs)
             res = self.reservations.stashed(kwargs, model_id) if model_id else None
             if res is None:
                 return
