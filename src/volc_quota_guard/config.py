@@ -6,6 +6,8 @@ range: a quota guard that silently falls back to a default is a guard nobody con
 
 from __future__ import annotations
 
+import logging
+import os
 from functools import lru_cache
 from typing import Literal
 
@@ -72,7 +74,6 @@ class Settings(BaseSettings):
         default=4_096, ge=1, le=10_000_000,
         description="The answer cap pinned when the request sets none (Ark's own max_tokens default); "
                     "a deployment's max_output_tokens lowers it.")
-    count_cached_tokens: bool = True
     estimate_correction_min: float = Field(
         default=1.7, ge=1.0, le=100.0,
         description="Least factor on the tokenizer's prompt count (and its value before any measurement).")
@@ -151,6 +152,10 @@ def _describe(name: str) -> tuple[str, str]:
 
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment; raise ConfigError naming the bad variable."""
+    if os.environ.get("VQG_COUNT_CACHED_TOKENS", "").strip().lower() in ("0", "false", "no", "off"):
+        logging.getLogger("volc_quota_guard").warning(
+            "⚠️ [CONFIG] VQG_COUNT_CACHED_TOKENS is no longer read: a cache hit draws on the free "
+            "quota, so cached prompt tokens always count")
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:

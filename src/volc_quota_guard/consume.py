@@ -73,7 +73,7 @@ class ConsumeTask:
         self.gate = gate
         self.records = gate.records
         self.targets = targets
-        self.chat = chat or ArkChat(cfg.consume_timeout_seconds, cfg.count_cached_tokens)
+        self.chat = chat or ArkChat(cfg.consume_timeout_seconds)
         self.background = background
         self.owner = uuid.uuid4().hex
         self._handled: dict[str, int] = {}  # pool -> last Beijing day it needs no more work

@@ -47,12 +47,12 @@ def _field(obj: object, name: str) -> object:
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
-def read_usage(response: object, count_cached: bool, estimated: bool = False) -> UsageReading:
+def read_usage(response: object, estimated: bool = False) -> UsageReading:
     """Usage of a response (chat, responses or completion shapes).
 
     `estimated` marks LiteLLM's local reconstruction after a client disconnect.
-    Prompt tokens include cached ones (OpenAI semantics); they are subtracted only when
-    the operator says the free quota does not count them.
+    Prompt tokens include cached ones (OpenAI semantics), and a cache hit draws on the free
+    quota like any input (ARK.md §2): they are counted whole.
     """
     usage = _field(response, "usage")
     if usage is None:
@@ -63,7 +63,7 @@ def read_usage(response: object, count_cached: bool, estimated: bool = False) ->
     cached = min(_int(_field(details, "cached_tokens")), prompt) if details is not None else 0
     if prompt + completion == 0:
         return UsageReading("unavailable", None)
-    tokens = prompt + completion - (0 if count_cached else cached)
+    tokens = prompt + completion
     return UsageReading("estimated" if estimated else "measured", tokens, prompt, completion, cached)
 
 

@@ -121,16 +121,16 @@ def test_retry_after_follows_the_wall() -> None:
 
 
 def test_usage_reading_sources() -> None:
-    """Usage present is measured; missing or 0/0 is unavailable; cached tokens follow the setting."""
+    """Usage present is measured; missing or 0/0 is unavailable; cached tokens count."""
     resp = litellm.ModelResponse(usage=litellm.Usage(prompt_tokens=100, completion_tokens=20,
                                                      prompt_tokens_details={"cached_tokens": 30}))
-    assert read_usage(resp, count_cached=True).tokens == 120
-    assert read_usage(resp, count_cached=False).tokens == 90
-    assert read_usage(resp, True, estimated=True).source == "estimated"
+    assert read_usage(resp).tokens == 120  # cached prompt tokens draw on the free quota too
+    assert read_usage(resp).cached == 30
+    assert read_usage(resp, estimated=True).source == "estimated"
     zero = litellm.ModelResponse(usage=litellm.Usage(prompt_tokens=0, completion_tokens=0))
-    assert read_usage(zero, True).source == "unavailable" and read_usage(zero, True).tokens is None
-    assert read_usage(object(), True).source == "unavailable"
-    assert read_usage({"usage": {"input_tokens": 7, "output_tokens": 3}}, True).tokens == 10
+    assert read_usage(zero).source == "unavailable" and read_usage(zero).tokens is None
+    assert read_usage(object()).source == "unavailable"
+    assert read_usage({"usage": {"input_tokens": 7, "output_tokens": 3}}).tokens == 10
 
 
 def _chained(outer: BaseException, inner: BaseException) -> BaseException:
@@ -380,9 +380,10 @@ def test_filter_drops_evicted_pools_and_raises_429_when_nothing_is_left(
     world(scenario)
 
 
-def test_success_settles_measured_usage_and_honours_the_cached_setting(
-        world: Callable[..., Any]) -> None:
-    """Success replaces the reservation by prompt + completion (cached excluded when configured)."""
+def test_success_settles_measured_usage_cached_tokens_included(world: Callable[..., Any]) -> None:
+    """Success replaces the reservation by prompt + completion, cached prompt tokens included:
+    a cache hit draws on the free quota (a switch that left them out let a red-team run bill
+    211,280 tokens on a 60,000-token pool)."""
     async def scenario(w: World) -> None:
         w.seed(100_000)
         kw = call(max_tokens=100)
@@ -390,8 +391,8 @@ def test_success_settles_measured_usage_and_honours_the_cached_setting(
         before = w.state()["ucum"]
         await w.guard.async_log_success_event(success_kwargs(kw), response(50, 10, cached=20),
                                               None, None)
-        assert w.state()["ucum"] - before == 40 and w.state()["inflight"] == 0
-    world(scenario, count_cached_tokens=False)
+        assert w.state()["ucum"] - before == 60 and w.state()["inflight"] == 0
+    world(scenario)
 
 
 def test_success_without_usage_keeps_the_reservation(world: Callable[..., Any]) -> None:

@@ -224,7 +224,7 @@ def test_calls_that_may_have_run_count_their_whole_budget(make_world):
     w.clock.set(beijing_ms("2026-08-30 23:00"))
     targets = targets_from_model_list(model_list(w), env=ARK_ENV)
     task = ConsumeTask(w.cfg, Gate(w.client, w.keyspace, w.clock), lambda: targets,
-                       chat=ArkChat(5, True, transport=httpx.MockTransport(upstream)))
+                       chat=ArkChat(5, transport=httpx.MockTransport(upstream)))
     (outcome,) = task.tick()
     budget = w.cfg.consume_call_tokens
     # Each call counts its whole reservation, its DeepSeek prompt at the exact class's miscount

@@ -715,7 +715,7 @@ class QuotaGuard(CustomLogger):
             return
         disconnected = any(md.get("client_disconnected") is True for md in metadatas(kwargs))
         local_count = kwargs.get("stream") is True and not upstream_sent_usage(res.state)
-        reading = read_usage(response_obj, self.config.count_cached_tokens,
+        reading = read_usage(response_obj,
                              estimated=disconnected or local_count)
         actual = reading.tokens
         # The upstream may bill more than a local estimate: the gate counts at least what a
@@ -737,7 +737,7 @@ class QuotaGuard(CustomLogger):
         if getattr(response_obj, "object", None) != "response":
             return
         rid = upstream_response_id(getattr(response_obj, "id", None))
-        reading = read_usage(response_obj, count_cached=True)
+        reading = read_usage(response_obj)
         tokens = reading.tokens if trusted and reading.source == "measured" and reading.tokens \
             else res.granted
         if rid is not None and tokens > 0:

@@ -78,9 +78,7 @@ def consume_messages(prompt_tokens: int, method: str = "cl100k") -> tuple[list[d
 class ArkChat:
     """Non-streaming chat completions with usage; one httpx client per task."""
 
-    def __init__(self, timeout_s: float, count_cached: bool,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self.count_cached = count_cached
+    def __init__(self, timeout_s: float, transport: httpx.BaseTransport | None = None) -> None:
         self._http = httpx.Client(timeout=timeout_s, transport=transport)
 
     def close(self) -> None:
@@ -106,4 +104,4 @@ class ArkChat:
             answer = reply.json()
         except ValueError as exc:
             raise ArkCallError("the answer is not JSON", may_have_run=True) from exc
-        return read_usage(answer, self.count_cached)
+        return read_usage(answer)
