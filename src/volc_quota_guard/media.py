@@ -81,6 +81,8 @@ def data_url_size(url: str) -> tuple[int, int] | None:
     chunk = chunk[: len(chunk) - len(chunk) % 4]
     try:
         data = base64.b64decode(chunk, validate=False)
+        if data[:6] in (b"GIF87a", b"GIF89a"):  # a frame anywhere may be larger than the screen
+            data = base64.b64decode(payload[: len(payload) - len(payload) % 4], validate=False)
     except (binascii.Error, ValueError):
         return None
     return _png(data) or _gif(data) or _webp(data) or _jpeg(data)
@@ -94,10 +96,32 @@ def _png(b: bytes) -> tuple[int, int] | None:
 
 
 def _gif(b: bytes) -> tuple[int, int] | None:
-    if b[:6] in (b"GIF87a", b"GIF89a") and len(b) >= 10:
-        w, h = struct.unpack("<HH", b[6:10])
-        return int(w), int(h)
-    return None
+    """The logical screen grown to every frame (decoders such as Pillow grow the image to a
+    frame that extends past the screen); a malformed tail ends the walk."""
+    if b[:6] not in (b"GIF87a", b"GIF89a") or len(b) < 13:
+        return None
+    w, h = struct.unpack("<HH", b[6:10])
+    i = 13 + _color_table(b[10])
+    while i < len(b) and b[i] != 0x3B:  # up to the trailer
+        if b[i] == 0x21:  # an extension: its label, then data sub-blocks
+            i = _past_sub_blocks(b, i + 2)
+        elif b[i] == 0x2C and i + 10 <= len(b):  # an image descriptor
+            left, top, fw, fh = struct.unpack("<HHHH", b[i + 1:i + 9])
+            w, h = max(w, left + fw), max(h, top + fh)
+            i = _past_sub_blocks(b, i + 10 + _color_table(b[i + 9]) + 1)  # + LZW code size
+        else:
+            break
+    return int(w), int(h)
+
+
+def _color_table(flags: int) -> int:
+    return 3 << ((flags & 7) + 1) if flags & 0x80 else 0
+
+
+def _past_sub_blocks(b: bytes, i: int) -> int:
+    while i < len(b) and b[i]:
+        i += b[i] + 1
+    return i + 1
 
 
 def _webp(b: bytes) -> tuple[int, int] | None:

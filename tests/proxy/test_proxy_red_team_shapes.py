@@ -3,12 +3,16 @@ stream, a client key in `headers`, a named `tool_choice`)."""
 
 from __future__ import annotations
 
+import base64
+import io
 import re
+import struct
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 from proxy_support import MASTER_KEY, Proxy, ark_deployment, call_id, start_syncing_proxy, stop_proxy
 
 from volc_quota_guard.fake import FakeVolcengine
@@ -153,6 +157,32 @@ def test_images_in_a_tool_output_are_reserved_as_images(px: Proxy, depth: int) -
     lines = px.wait_for_log(r"\[Usage\].*pool=acct-c/rt1-img", count=codes.count(200))
     reserved = [int(m) for ln in lines for m in re.findall(r"reserved=(\d+)", ln)]
     assert min(reserved) >= 2 * 1_000 and not any("overrun=yes" in ln for ln in lines), lines
+
+
+def gif_with_a_frame_past_its_screen(frame: int) -> bytes:
+    """A valid GIF whose header says 1x1 and whose one frame is frame x frame."""
+    buf = io.BytesIO()
+    Image.new("P", (frame, frame)).save(buf, "GIF")
+    raw = buf.getvalue()
+    at = raw.index(b"\x2c")  # the frame's image descriptor
+    head = b"GIF89a" + struct.pack("<HHBBB", 1, 1, 0x80, 0, 0) + b"\x00\x00\x00\xff\xff\xff"
+    return head + b"\x2c" + struct.pack("<HHHHB", 0, 0, frame, frame, 0) + raw[at + 10:]
+
+
+def test_a_gif_frame_larger_than_its_screen_is_reserved_at_the_frame_size(px: Proxy) -> None:
+    """The GIF header's screen said 1x1, so ten 2000x2000 frames were reserved (and billed by the
+    fake) at 1 token each; Pillow decodes the frame whole: Ark's formula says 5,103 each."""
+    data = gif_with_a_frame_past_its_screen(2000)
+    assert Image.open(io.BytesIO(data)).size == (2000, 2000)
+    url = "data:image/gif;base64," + base64.b64encode(data).decode()
+    images = [{"type": "image_url", "image_url": {"url": url, "detail": "high"}} for _ in range(10)]
+    before = px.fake.pool_totals(IMAGES[0]).consumed
+    r = post(px, "/v1/chat/completions", {"model": "rt1-img", "max_tokens": 20, "messages": [
+        {"role": "user", "content": [*images, {"type": "text", "text": "hi [[fake completion=5]]"}]}]})
+    assert r.status_code == 200, r.text[:300]
+    assert px.fake.pool_totals(IMAGES[0]).consumed - before >= 10 * 5_103
+    line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
+    assert int(re.search(r"reserved=(\d+)", line).group(1)) >= 10 * 5_103, line  # type: ignore[union-attr]
 
 
 def test_a_stored_response_can_be_read_and_deleted_through_the_proxy(px: Proxy) -> None:

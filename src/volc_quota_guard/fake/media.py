@@ -37,7 +37,7 @@ def image_size(data: bytes) -> tuple[int, int]:
     if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
         w, h = struct.unpack(">II", data[16:24])
     elif data[:6] in (b"GIF87a", b"GIF89a"):
-        w, h = struct.unpack("<HH", data[6:10])
+        w, h = _gif_size(data)
     elif data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         w, h = _webp_size(data)
     elif data[:2] == b"\xff\xd8":
@@ -47,6 +47,27 @@ def image_size(data: bytes) -> tuple[int, int]:
     if w <= 0 or h <= 0:
         raise ValueError("the image has no pixels")
     return int(w), int(h)
+
+
+def _gif_size(data: bytes) -> tuple[int, int]:
+    """The larger of the logical screen and the extent of every frame (Pillow decodes a frame
+    past the screen at its full size; the dearer reading)."""
+    w, h = struct.unpack("<HH", data[6:10])
+    pos = 13 + (3 * 2 ** ((data[10] & 7) + 1) if data[10] & 0x80 else 0)
+    while pos < len(data):
+        block = data[pos]
+        if block == 0x2C and pos + 10 <= len(data):
+            left, top, fw, fh, flags = struct.unpack("<HHHHB", data[pos + 1:pos + 10])
+            w, h = max(w, left + fw), max(h, top + fh)
+            pos += 11 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
+        elif block == 0x21:
+            pos += 2
+        else:
+            break
+        while pos < len(data) and data[pos] != 0:  # data sub-blocks up to the terminator
+            pos += data[pos] + 1
+        pos += 1
+    return w, h
 
 
 def _webp_size(data: bytes) -> tuple[int, int]:
