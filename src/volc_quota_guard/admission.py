@@ -442,7 +442,8 @@ def sizing(input_tokens: int, *, answer_cap: int | None, total_cap: int | None, 
     """The sizing of a call whose input is counted: the rule on numbers (the simulator's entry)."""
     per, allowance = plan_output(answer_cap=answer_cap, total_cap=total_cap, thinking=thinking,
                                  limits=limits, n=n, ceiling=ceiling)
-    return Sizing(input_tokens, per, n, min(per, limits.min_output), allowance, chain_tokens)
+    # Ark does not document `n`: the dearer reading is n inferences, each reading the prompt.
+    return Sizing(input_tokens * n, per, n, min(per, limits.min_output), allowance, chain_tokens)
 
 
 def _chain(response_id: object, known: int | None, limits: Limits) -> int:

@@ -117,13 +117,15 @@ def test_reasoning_default_comes_from_the_server_defaults(fake: FakeVolcengine) 
 
 
 def test_n_multiplies_the_output(fake: FakeVolcengine) -> None:
-    """n choices each produce the whole answer and reasoning; usage sums them."""
+    """n choices each produce the whole answer and reasoning, and each reads the prompt (Ark does
+    not document `n`: the dearer reading); usage sums them."""
     r = chat(fake, "[[fake prompt=26 completion=2000 reasoning=100]]", n=40, max_tokens=2000)
     usage = usage_of(r)
     assert len(r.json()["choices"]) == 40
     assert usage["completion_tokens"] == 40 * 2100
     assert usage["completion_tokens_details"]["reasoning_tokens"] == 4000
-    assert fake.pool_totals(POOL_A).consumed == 26 + 84_000
+    assert usage["prompt_tokens"] == 40 * 26
+    assert fake.pool_totals(POOL_A).consumed == 40 * 26 + 84_000
     for bad in (0, 129, "3", True):
         assert chat(fake, "x", n=bad).status_code == 400
 
@@ -137,7 +139,7 @@ def test_a_streamed_n_sends_every_choice_and_the_summed_usage(fake: FakeVolcengi
     assert events[-2]["usage"]["completion_tokens"] == 27
     finishes = [c["index"] for e in events[:-2] for c in e["choices"] if c["finish_reason"]]
     assert finishes == [0, 1, 2]
-    assert fake.pool_totals(POOL_A).consumed == 32
+    assert fake.pool_totals(POOL_A).consumed == 3 * 5 + 27  # each choice reads the prompt
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "WEBP"])

@@ -38,7 +38,8 @@ Chat billing rules:
 - **Caps**: ``max_tokens`` caps the answer only; ``max_completion_tokens`` (0…65,536) caps
   reasoning + answer (reasoning first, the answer gets the rest); both at once is a 400.
   With neither, the answer is capped at 4,096 (Ark's ``max_tokens`` default), reasoning not.
-- ``n`` (1…128) choices each produce the full reasoning + answer: output × n.
+- ``n`` (1…128) choices each produce the full reasoning + answer: output × n; Ark does not
+  document `n`, so each is taken to read (and bill) the prompt too: prompt × n.
 - ``usage.completion_tokens`` = n × (answer + reasoning);
   ``completion_tokens_details.reasoning_tokens`` = n × reasoning.
 
@@ -451,7 +452,7 @@ def _chat_bill(state: FakeState, request: dict[str, Any], directive: Directive) 
         DEFAULT_MAX_TOKENS if max_completion is None else None)
     output = split_output(wanted, reasoning if thinking else 0, answer_cap=answer_cap,
                           total_cap=max_completion)
-    prompt = text + media
+    prompt = (text + media) * n  # each choice an inference that reads the prompt (dearer reading)
     cached = min(directive.cached if directive.cached is not None else defaults.cached_tokens,
                  prompt)
     return _ChatBill(prompt, media, output, n, cached, thinking)

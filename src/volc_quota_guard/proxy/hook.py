@@ -725,7 +725,8 @@ class QuotaGuard(CustomLogger):
             log.warning("📊 [Usage] %s: no usage reported and nothing reserved pool=%s call=%s",
                         res.upstream_model, res.pool, res.call_id)
             return
-        measured_input = reading.prompt if reading.source == "measured" else None
+        # A call of several choices does not teach k: Ark may read its prompt once or n times.
+        measured_input = reading.prompt if reading.source == "measured" and res.choices <= 1 else None
         d = await self.gate().settle(res.pool, res.rid, actual, measured_input, estimated)
         self._log_usage(res, reading.tokens, d, reading.source, reading.cached)
         await self._record_stored(res, response_obj, trusted=not estimated)

@@ -248,7 +248,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                         blocked += 1
                         if out is not None:
                             out.blocked_at.append(now)
-                        would = line.prompt + line.made(strat.full_output(line),
+                        would = line.billed_prompt + line.made(strat.full_output(line),
                                                         getattr(strat, "caps_total", False))
                         day = beijing_day(now)
                         if _fits(ledger, s, now, would, pending + spared.get(day, 0)):
@@ -261,7 +261,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                                 spared_start[day] = spared_start.get(day, 0) + would
                         continue
                     clamped += adm.clamped
-                    tokens = line.prompt + line.made(adm.output_cap, adm.caps_total)
+                    tokens = line.billed_prompt + line.made(adm.output_cap, adm.caps_total)
                     pending += tokens
                     done = now + round(line.duration_seconds * 1000)
                     heapq.heappush(settles, (done, seq, req, adm, tokens))

@@ -144,6 +144,11 @@ class TrafficLine(_Strict):
     counting: Literal["cheap", "exact", "ark-api"] = "cheap"
     exact_ratio: Annotated[float, Field(strict=True, gt=0, le=100)] = 1.0
 
+    @property
+    def billed_prompt(self) -> int:
+        """Prompt tokens Ark bills: each of `n` choices reads the prompt (the dearer reading)."""
+        return self.prompt * self.n
+
     def made(self, cap: int | None, caps_total: bool) -> int:
         """Output tokens Ark produces for this line under `cap` (per choice; answer-only or total)."""
         think = self.reasoning if self.thinking else 0

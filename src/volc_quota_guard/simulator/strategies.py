@@ -305,7 +305,9 @@ class GuardStrategy:
     def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None:
         # The upstream reports the true prompt tokens: the pool's estimate correction learns.
         try:
-            d = self.gate.settle(POOL, req.rid, reported, None if reported is None else req.line.prompt)
+            # As the hook: a call of several choices does not teach k (its prompt is read n times).
+            measured = None if reported is None or req.line.n > 1 else req.line.prompt
+            d = self.gate.settle(POOL, req.rid, reported, measured)
         except GateError as exc:
             if exc.code != "unknown_pool":
                 raise
