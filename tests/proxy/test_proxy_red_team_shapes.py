@@ -199,3 +199,19 @@ def test_a_stored_response_can_be_read_and_deleted_through_the_proxy(px: Proxy) 
     assert gone.status_code == 200, gone.text[:300]
     assert px.fake.pool_totals(OTHER[0]).consumed == before
     assert not px.state(OTHER[0]).get("inflight")
+
+
+def test_n_choices_reserve_the_prompt_n_times(px: Proxy) -> None:
+    """Ark does not document `n`: the dearer reading (n inferences, each reading the prompt) is
+    what the fake bills, and the reservation covers it (it held the prompt once: 13,907 where
+    this reading bills 133,392 for `n: 16`)."""
+    text = " ".join(f"word{i}" for i in range(600)) + " [[fake completion=5]]"
+    before = px.fake.pool_totals(OTHER[0]).consumed
+    r = post(px, "/v1/chat/completions", {"model": "rt1-other", "n": 16, "max_tokens": 10,
+                                          "thinking": {"type": "disabled"},
+                                          "messages": [{"role": "user", "content": text}]})
+    assert r.status_code == 200, r.text[:300]
+    used = px.fake.pool_totals(OTHER[0]).consumed - before
+    assert used >= 16 * 600
+    line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
+    assert int(re.search(r"reserved=(\d+)", line).group(1)) >= used, line  # type: ignore[union-attr]
