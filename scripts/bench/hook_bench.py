@@ -45,7 +45,9 @@ GROUP = "deepseek-v4-flash"
 def router() -> Any:
     config = yaml.safe_load(demo.EXAMPLE_CONFIG.read_text())
     for dep in config["model_list"]:
-        dep["litellm_params"].update(api_base="http://127.0.0.1:9/v3", api_key="sk-bench")
+        # one key per account: the guard refuses a key shared by two accounts
+        account = dep["model_info"].get("vqg_account", "default")
+        dep["litellm_params"].update(api_base="http://127.0.0.1:9/v3", api_key=f"sk-bench-{account}")
     return litellm.Router(model_list=config["model_list"])
 
 
