@@ -181,11 +181,12 @@ def test_consecutive_user_and_tool_messages_are_one_turn() -> None:
 
 
 def test_tools_add_the_tools_prompt_and_their_schemas() -> None:
-    """A request's tools cost the 224-token tools prompt plus their JSON schemas."""
+    """A request's tools cost the 224-token tools prompt plus their JSON, whole (a key beside
+    `function` reaches Ark as sent)."""
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
     bare = count_chat("deepseek", [_user("weather?")], None)
-    schema = count_text("deepseek", "\n\n" + json.dumps(tools[0]["function"], ensure_ascii=False))
+    schema = count_text("deepseek", "\n\n" + json.dumps(tools[0], ensure_ascii=False))
     assert count_chat("deepseek", [_user("weather?")], tools) == bare + counting.TOOLS_PROMPT_TOKENS + schema
 
 

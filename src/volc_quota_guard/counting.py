@@ -406,13 +406,20 @@ def _dsml_tool_calls(tool_calls: object) -> str:
             f'<{DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
             f'{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)}'
             f'</{DSML}parameter>' for k, v in args.items())
-        calls.append(f'<{DSML}invoke name="{fn.get("name")}">\n{params}\n</{DSML}invoke>')
+        # Ark's template is not published: the string as sent (whitespace, escapes, a key the
+        # parse above drops as a duplicate) and the call's other fields may reach the model too.
+        sent = raw if isinstance(raw, str) else ""
+        rest = {k: v for k, v in call.items() if k != "function"} if isinstance(call, Mapping) else {}
+        rest.update((k, v) for k, v in fn.items() if k not in ("name", "arguments"))
+        if rest:
+            sent += "\n" + json.dumps(rest, ensure_ascii=False, default=str)
+        calls.append(f'<{DSML}invoke name="{fn.get("name")}">\n{params}\n</{DSML}invoke>{sent}')
     return f"\n\n<{DSML}tool_calls>\n" + "\n".join(calls) + f"\n</{DSML}tool_calls>"
 
 
 def _tool_schemas(tools: list[Any]) -> str:
-    fns = [t.get("function", t) if isinstance(t, Mapping) else t for t in tools]
-    return "\n".join(json.dumps(f, ensure_ascii=False, default=str) for f in fns)
+    # The whole tool, not just its function: a key beside `function` reaches Ark as sent.
+    return "\n".join(json.dumps(t, ensure_ascii=False, default=str) for t in tools)
 
 
 def deepseek_prompt(messages: list[Mapping[str, Any]], tools: list[Any] | None) -> tuple[str, int]:

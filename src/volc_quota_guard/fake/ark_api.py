@@ -70,7 +70,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .billing_api import Reply, json_reply
-from .media import IMAGE_PARTS, MEDIA_PARTS, TEXT_PARTS, image_tokens, part_image
+from .media import IMAGE_PARTS, MEDIA_PARTS, TEXT_PARTS, image_tokens, part_image, part_text
 from .state import ChatRecord, FakeAccount, FakeState
 
 _DIRECTIVE_RE = re.compile(r"\[\[fake\b([^\]]*)\]\]")
@@ -139,7 +139,7 @@ def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return " ".join(part_text(p) for p in content if isinstance(p, dict))
     return ""
 
 
@@ -248,7 +248,7 @@ def _doubao_text(content: Any) -> int:
     if isinstance(content, str):
         return doubao_tokens(content)
     if isinstance(content, list):
-        texts = [str(p.get("text") or "") if isinstance(p, dict) else str(p) for p in content]
+        texts = [part_text(p) if isinstance(p, dict) else str(p) for p in content]
         return max(doubao_tokens("\n".join(texts)), sum(map(doubao_tokens, texts))) + max(0, len(texts) - 1)
     return doubao_tokens(json.dumps(content, ensure_ascii=False, default=str))
 
@@ -342,7 +342,7 @@ def split_content(content: Any, media_per_part: int) -> tuple[Any, int]:
         if isinstance(part, str):
             texts.append({"type": "text", "text": part})
         elif kind in TEXT_PARTS:
-            texts.append({"type": "text", "text": str(part.get("text") or "")})
+            texts.append({"type": "text", "text": part_text(part)})
         elif kind in IMAGE_PARTS:
             media += image_tokens(*part_image(part))
         elif kind in MEDIA_PARTS:

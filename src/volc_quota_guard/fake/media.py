@@ -29,6 +29,11 @@ MEDIA_PARTS = frozenset({"video_url", "input_video", "input_audio", "audio_url",
                          "input_file"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal"})
 
+
+def part_text(part: dict[str, Any]) -> str:
+    """A text part's text: a refusal part carries it under ``refusal`` (billed as text too)."""
+    return "\n".join(str(part[k]) for k in ("text", "refusal") if part.get(k) is not None)
+
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
