@@ -223,7 +223,7 @@ class ConsumeTask:
                 run.errors += 1
                 if exc.may_have_run:
                     # Unknown: the reservation counts as used (its prompt at the miscount ceiling).
-                    counted = self.gate.settle(pool, rid, None).amount
+                    counted = self.gate.settle(pool, rid, None, running=True).amount
                     run.consumed += counted
                     self.records.add_history(pool, f"{day}:task", counted)
                 else:

@@ -8,6 +8,8 @@ import time
 import types
 from collections.abc import Iterator
 
+import httpx
+import litellm
 import pytest
 import redis
 from fault_support import (
@@ -15,6 +17,7 @@ from fault_support import (
     CREDENTIALS,
     DEPLOYMENTS,
     MIN,
+    MODEL,
     POOL,
     BillingWorld,
     beijing_ms,
@@ -182,3 +185,67 @@ def test_proxies_with_skewed_host_clocks_agree_on_eviction_and_deadlines(
     server_deadline = store.now_ms() + ttl_s * 1000
     assert abs(deadline_ahead - server_deadline) < 10_000 and abs(deadline_behind - server_deadline) < 10_000
     assert store.status(other).get("ucum") == 60 and store.status(other).get("inflight") == 0
+
+
+def _give_up(failure: str) -> Exception:
+    if failure == "timeout":
+        return litellm.Timeout(message="Request timed out", model=MODEL, llm_provider="volcengine")
+    return litellm.InternalServerError(
+        message="upstream 502", model=MODEL, llm_provider="volcengine",
+        response=httpx.Response(502, request=httpx.Request("POST", "http://ark.invalid")))
+
+
+@pytest.mark.parametrize("failure", ["timeout", "5xx", "stream-cut", "client-disconnect"])
+def test_a_call_given_up_on_before_midnight_counts_on_the_next_day_too(
+        client: redis.Redis, keyspace: KeySpace, failure: str) -> None:
+    """LiteLLM gives up on a long call at 23:59 (a timeout, a gateway 5xx, a cut stream, the
+    client leaving); Ark, never told to stop, finishes it at 00:02 and collects it on the new
+    day. The guard keeps such a call whole, and now also counts it on the next day, as it does
+    an expired reservation: before, the new day's wall never saw it and the day burned what the
+    call made (32,016 in a red-team pass with a larger cap, stop 35). The ledger is the fake's,
+    on the same clock."""
+    cap = 200_000
+    clock = ManualClock(beijing_ms("2026-08-14 23:50:00"))
+    gate = Gate(client, keyspace, clock)
+    ledger = Ledger(daily_cap=cap, lag_minutes=14, return_at=None)
+    ledger.add_package(POOL, 10**9, clock.now_ms() - 86_400_000)
+    gate.install_snapshot(POOL, Snapshot(10**9, 0, 0, 0, cap, clock.now_ms() + 10 * 3600_000, 1_000))
+
+    async def run() -> None:
+        guard = QuotaGuard(load_settings(), AsyncGate(connect_async(TEST_REDIS_URL), keyspace, clock))
+        long_call = call("write a long story", call_id="long", max_tokens=32_000,
+                         thinking={"type": "disabled"})
+        await guard.async_pre_call_deployment_hook(long_call, "acompletion")
+        guard.log_pre_api_call(MODEL, long_call["messages"], long_call)
+        clock.set(beijing_ms("2026-08-14 23:59:00"))
+        if failure in ("timeout", "5xx"):
+            await guard.async_post_call_failure_deployment_hook(long_call, _give_up(failure),
+                                                                "acompletion")
+        elif failure == "stream-cut":  # a stream that broke mid-way: LiteLLM's failure event
+            kw = success_kwargs(long_call) | {"stream": True, "exception": _give_up("5xx")}
+            await guard.async_log_failure_event(kw, None, None, None)
+        else:  # the client went away mid-stream: LiteLLM logs success with its local estimate
+            kw = success_kwargs(long_call) | {"stream": True}
+            kw["litellm_params"]["metadata"]["client_disconnected"] = True
+            await guard.async_log_success_event(kw, response(20, 300), None, None)
+        clock.set(beijing_ms("2026-08-15 00:02:00"))  # Ark ends the call at the cap pinned
+        ledger.consume(POOL, long_call["extra_body"]["max_completion_tokens"] + 10, clock.now_ms())
+        for i in range(100):  # the new day: measured traffic until the collection wall refuses
+            clock.advance(MIN)
+            kw = call("hello", call_id=f"day2-{i}", max_tokens=4_000, thinking={"type": "disabled"})
+            try:
+                await guard.async_pre_call_deployment_hook(kw, "acompletion")
+            except QuotaRefused:
+                break
+            guard.log_pre_api_call(MODEL, kw["messages"], kw)
+            out = min(4_000, kw["extra_body"]["max_completion_tokens"])
+            ledger.consume(POOL, out + 10, clock.now_ms())
+            await guard.async_log_success_event(success_kwargs(kw), response(10, out), None, None)
+        else:
+            pytest.fail("the collection wall never refused")
+
+    asyncio.run(run())
+    totals = ledger.totals(POOL, clock.now_ms())
+    assert totals.burned == 0 and totals.billed == 0, totals
+    assert totals.collected_today > cap - 40_000  # the day was used, not held back
+    check_books(client, keyspace)

@@ -141,11 +141,13 @@ class GateVersusModel(RuleBasedStateMachine):
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS),
           actual=st.one_of(st.none(), st.integers(0, 500_000)),
-          measured=st.one_of(st.none(), st.integers(0, 600_000)), estimated=st.booleans())
-    def settle(self, pool, rid, actual, measured, estimated):
+          measured=st.one_of(st.none(), st.integers(0, 600_000)), estimated=st.booleans(),
+          running=st.booleans())
+    def settle(self, pool, rid, actual, measured, estimated, running):
         remembered = self.remembered(pool, rid)
-        d = self.both(lambda: self.gate.settle(pool, rid, actual, measured, estimated),
-                      lambda: self.model.settle(pool, rid, actual, self.now, measured, estimated))
+        d = self.both(lambda: self.gate.settle(pool, rid, actual, measured, estimated, running),
+                      lambda: self.model.settle(pool, rid, actual, self.now, measured, estimated,
+                                                running))
         if d is not None:
             self.overrun_seen[pool] |= d.overrun
             if d.reason in ("settled", "unreserved"):

@@ -223,6 +223,14 @@ class PoolModel:
     def resolve(self, rid: str, how: str, counted: int, now: int) -> None:
         self.resolved[rid] = (how, counted, now)
 
+    def carry_over(self, counted: int, now: int) -> None:
+        """Usage of a call Ark may still run: this close to midnight, counted on the next day too."""
+        next_day = beijing_day(now) + 1
+        if beijing_day(now + CARRY_MS) == next_day:
+            if self.carry_day != next_day:
+                self.carry_day, self.carry = next_day, 0
+            self.carry += counted
+
     def housekeep(self, now: int) -> None:
         today = beijing_day(now)
         if today > self.day:
@@ -235,11 +243,7 @@ class PoolModel:
             self.add_usage(amount, now, unsure=True)
             self.resolve(rid, "expired", amount, now)
             self.expired_count += 1
-            next_day = beijing_day(now) + 1
-            if beijing_day(now + CARRY_MS) == next_day:
-                if self.carry_day != next_day:
-                    self.carry_day, self.carry = next_day, 0
-                self.carry += amount
+            self.carry_over(amount, now)
         cutoff = now - RESOLVED_MS
         old = sorted((at, rid) for rid, (_, _, at) in self.resolved.items() if at <= cutoff)
         for _, rid in old[:TRIM_LIMIT]:
@@ -331,7 +335,8 @@ class GateModel:
         return p.answer(status, reason, granted, input_reserved=est_res)
 
     def settle(self, pool: str, rid: str, actual: int | None, now: int,
-               measured_input: int | None = None, estimated: bool = False) -> Decision:
+               measured_input: int | None = None, estimated: bool = False,
+               running: bool = False) -> Decision:
         self._check_id(rid)
         if actual is not None and not _is_int(actual, 0, MAX_REQUEST):
             raise GateError("bad_amount", "actual out of range")
@@ -349,6 +354,8 @@ class GateModel:
             above = actual is not None and actual > h.amount
             reason = "settled"
             p.add_usage(counted, now, unsure=unsure)
+            if running or estimated:
+                p.carry_over(counted, now)
             p.resolve(rid, "settled", counted, now)
             if measured_input is not None and actual is not None:
                 p.observe(h.est, measured_input, now, h.exact)

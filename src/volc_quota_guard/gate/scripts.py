@@ -138,9 +138,9 @@ class _Args:
         return [_now_arg(self.clock), request_id, "1", "1", _num(ttl_ms), "0", "", "renew"]
 
     def settle(self, request_id: str, actual: int | None, measured_input: int | None,
-               estimated: bool = False) -> list[str]:
+               estimated: bool = False, running: bool = False) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(actual), _num(measured_input),
-                "estimated" if estimated else ""]
+                "estimated" if estimated else "running" if running else ""]
 
     def release(self, request_id: str) -> list[str]:
         return [_now_arg(self.clock), request_id]
@@ -210,15 +210,19 @@ class Gate:
         return self._run("reserve", pool, self.args.renew(request_id, ttl_ms))
 
     def settle(self, pool: str, request_id: str, actual: int | None,
-               measured_input: int | None = None, estimated: bool = False) -> Decision:
+               measured_input: int | None = None, estimated: bool = False,
+               running: bool = False) -> Decision:
         """Replace the reservation by real usage; `None` = unknown: the reservation counts as
         consumed, its prompt at its class's miscount ceiling (`estimated`: `actual` is a local
-        estimate, counted as at least that).
+        estimate, counted as at least that). `running` (implied by `estimated`): Ark may still
+        be running the call (the proxy gave up on it), so near Beijing midnight it is counted on
+        the next day too.
 
         `measured_input` (the upstream's prompt tokens, only when measured) teaches the pool's
         estimate correction.
         """
-        return self._run("settle", pool, self.args.settle(request_id, actual, measured_input, estimated))
+        return self._run("settle", pool,
+                         self.args.settle(request_id, actual, measured_input, estimated, running))
 
     def release(self, pool: str, request_id: str) -> Decision:
         """Free the reservation of a request that never reached the upstream."""
@@ -351,9 +355,10 @@ class AsyncGate:
         return await self._run("reserve", pool, self.args.renew(request_id, ttl_ms))
 
     async def settle(self, pool: str, request_id: str, actual: int | None,
-                     measured_input: int | None = None, estimated: bool = False) -> Decision:
+                     measured_input: int | None = None, estimated: bool = False,
+                     running: bool = False) -> Decision:
         return await self._run("settle", pool,
-                               self.args.settle(request_id, actual, measured_input, estimated))
+                               self.args.settle(request_id, actual, measured_input, estimated, running))
 
     async def release(self, pool: str, request_id: str) -> Decision:
         return await self._run("release", pool, self.args.release(request_id))

@@ -763,7 +763,7 @@ class QuotaGuard(CustomLogger):
         if self._sees_sends and not res.sent:
             await self._release(res, f"{why} before the request was sent")
             return
-        d = await self.gate().settle(res.pool, res.rid, None)
+        d = await self.gate().settle(res.pool, res.rid, None, running=True)
         self._log_usage(res, None, d, "unavailable", 0, outcome=why)
 
     async def async_post_call_failure_hook(self, request_data: dict, original_exception: Exception,
@@ -797,7 +797,7 @@ class QuotaGuard(CustomLogger):
             if res is None:
                 return
             self.reservations.forget(res, request_state(kwargs))
-            d = await self.gate().settle(res.pool, res.rid, None)
+            d = await self.gate().settle(res.pool, res.rid, None, running=True)
             self._saw(res.pool, d)
             if d.reason == "settled":
                 exc = kwargs.get("exception")

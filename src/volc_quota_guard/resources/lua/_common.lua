@@ -194,6 +194,17 @@ local function resolve(id, how, counted, now)
   redis.call('ZADD', K_DONE_AT, now, id)
 end
 
+-- Usage counted now of a call Ark may still be running (an expired reservation, a call the
+-- proxy gave up on): Ark may bill it after Beijing midnight, so this close to it it also counts
+-- on the next day.
+local function carry_over(st, counted, now)
+  local next_day = day_of(now) + 1
+  if day_of(now + CARRY_MS) == next_day then
+    if st.carry_day ~= next_day then st.carry_day, st.carry = next_day, 0 end
+    st.carry = st.carry + counted
+  end
+end
+
 -- A reservation past its deadline may have run: count it as consumed.
 local function sweep(st, now)
   local ids = redis.call('ZRANGEBYSCORE', K_DL, '-inf', now, 'LIMIT', 0, SWEEP_LIMIT)
@@ -208,11 +219,7 @@ local function sweep(st, now)
       add_usage(st, counted, now, true)
       resolve(id, 'expired', counted, now)
       st.expired_count = st.expired_count + 1
-      local next_day = day_of(now) + 1
-      if day_of(now + CARRY_MS) == next_day then
-        if st.carry_day ~= next_day then st.carry_day, st.carry = next_day, 0 end
-        st.carry = st.carry + counted
-      end
+      carry_over(st, counted, now)
     end
   end
 end

@@ -2,7 +2,8 @@
 -- prompt at its class's miscount ceiling),
 -- measured input tokens ('' = not measured: the estimate correction learns nothing), and
 -- 'estimated' when actual is a local estimate (a cut stream): counted as at least a settle
--- without usage would be.
+-- without usage would be; 'running' (implied by 'estimated') when Ark may still be running the
+-- call (the proxy gave up on it): near Beijing midnight it also counts on the next day.
 -- Replaces a reservation by real usage; each request id is counted exactly once.
 local now = read_now(ARGV[1])
 local id = ARGV[2]
@@ -19,6 +20,7 @@ if ARGV[4] ~= nil and ARGV[4] ~= '' then
 end
 
 local estimated = ARGV[5] == 'estimated'
+local running = estimated or ARGV[5] == 'running'
 
 local st = load()
 if not st.exists then return err('unknown_pool', 'pool has no snapshot') end
@@ -39,6 +41,7 @@ if live then
   above = actual ~= nil and actual > reserved
   reason = 'settled'
   add_usage(st, counted, now, actual == nil or estimated)
+  if running then carry_over(st, counted, now) end
   resolve(id, 'settled', counted, now)
   if measured and actual then observe(st, est, measured, now, exact) end
 elseif done then
