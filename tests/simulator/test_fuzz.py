@@ -25,13 +25,15 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     the cheap count, a wave's as low, and the tokenization API's drift), and balance APIs hours
     behind (all run long, or an incident on day 1 that ends; half of those with a line nobody
     reports usage for), and first starts after more unseen usage than SMALL_BUFFER under a lag
-    longer than the floor, and wipes seconds after a burst the last poll did not see."""
+    longer than the floor, and wipes seconds after a burst the last poll did not see, and calls
+    the proxy gives up on before midnight while Ark runs them on."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
             "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
             "missing_wave": 0, "ark_api": 0, "ark_api_wave": 0, "long_lag": 0, "lag_incident": 0,
-            "busy_first_start": 0, "unreported_under_lag": 0, "burst_before_wipe": 0, "crash": 0}
+            "busy_first_start": 0, "unreported_under_lag": 0, "burst_before_wipe": 0, "crash": 0,
+            "given_up": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
@@ -58,9 +60,12 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
         for line in s.traffic:
             ratios.append(line.estimate_ratio)
             conc.add(line.concurrency)
-            durations.append(line.duration_seconds)
+            if line.gives_up_after_seconds is None:  # the twelfth generator's: 5-45 min
+                durations.append(line.duration_seconds)
             seen["max_tokens" if line.max_tokens else "no_max_tokens"] += 1
             seen["missing"] += line.usage == "missing"
+            seen["given_up"] += line.gives_up_after_seconds is not None \
+                and line.gives_up_after_seconds < line.duration_seconds
             seen["reasoning"] += line.reasoning > 0
             seen["thinking_off"] += not line.thinking
             seen["n"] += line.n > 1

@@ -141,7 +141,7 @@ def make_strategy(name: str, s: Scenario, ledger: Ledger, clock: ManualClock, cf
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
 
 
-_LAG, _DAY_END, _SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE, _CRASH = range(8)
+_LAG, _DAY_END, _SETTLE, _WAKE, _SAMPLE, _ARRIVE, _WIPE, _CRASH, _GIVE_UP = range(9)
 _NEVER = 1 << 62
 
 
@@ -180,6 +180,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
     wipe_at = s.wipe_ms if s.wipe_ms is not None else _NEVER
     crash_at = s.crash_ms if s.crash_ms is not None else _NEVER
     orphans: set[int] = set()  # requests whose process died: Ark bills them, no one settles them
+    give_ups: list[tuple[int, int, SimRequest, Admission]] = []  # the proxy stops waiting
     lag_changes = s.lag_schedule()
 
     with sync_logs(verbose) as errors, closing(make_strategy(strategy, s, ledger, clock, cfg, errors,
@@ -196,6 +197,7 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                 (todo[next_arrival].at_ms if next_arrival < len(todo) else _NEVER, _ARRIVE),
                 (wipe_at, _WIPE),
                 (crash_at, _CRASH),
+                (give_ups[0][0] if give_ups else _NEVER, _GIVE_UP),
             )
             now, kind = min(candidates)
             if now >= _NEVER:
@@ -222,6 +224,11 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
             elif kind == _WIPE:
                 strat.wipe(now)
                 wipe_at = _NEVER
+            elif kind == _GIVE_UP:
+                _, n, req, adm = heapq.heappop(give_ups)
+                if n not in orphans:
+                    orphans.add(n)  # Ark goes on and bills it at its end; no settle comes then
+                    strat.give_up(req, adm, now)
             elif kind == _CRASH:
                 orphans.update(n for _, n, _, _, _ in settles)  # the guard's deadlines stop there
                 crash_at = _NEVER
@@ -265,6 +272,9 @@ def simulate(s: Scenario, strategy: str = "guard", *, series: bool = False,
                     pending += tokens
                     done = now + round(line.duration_seconds * 1000)
                     heapq.heappush(settles, (done, seq, req, adm, tokens))
+                    quit_s = line.gives_up_after_seconds
+                    if quit_s is not None and quit_s < line.duration_seconds:
+                        heapq.heappush(give_ups, (now + round(quit_s * 1000), seq, req, adm))
 
         final = max(end, clock.now_ms())
         left, at_start = day_stranded(final)

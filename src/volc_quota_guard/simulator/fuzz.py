@@ -125,6 +125,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _lag_incident(seed, out, start.hour * 60)
     _burst_before_wipe(seed, out)
     _long_requests(seed, out)
+    _given_up(seed, out)
     return out
 
 
@@ -218,6 +219,38 @@ def _long_requests(seed: int, scenario: dict[str, object]) -> None:
         # Half the time the process running them dies mid-call (stop 34): their reservations
         # expire where its last renewal left them, mostly before midnight, and are never settled.
         scenario["crash_at"] = _hhmm(rng.randint(start + 1, last))
+
+
+def _given_up(seed: int, scenario: dict[str, object]) -> None:
+    """Requests the proxy gives up on (a LiteLLM timeout, a client leaving) while Ark runs them
+    on, from a generator of their own (stop 35): 4-24 calls of 5-45 minutes started before a
+    Beijing midnight, given up on after 30 s-5 min, then a day that wants more than its cap.
+    Kept whole but counted only on the day it was given up on, such a call burned the next day
+    (32,016 in a red-team pass)."""
+    rng = random.Random(f"given-up-{seed}")
+    if rng.random() < 0.85:
+        return
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    counts: dict[str, object] = {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio")
+                                 if k in traffic[0]}
+    duration = rng.randint(5, 45) * 60
+    first = datetime.fromisoformat(str(scenario["start"]))
+    first_minute = first.hour * 60 + first.minute + 1
+    start = max(first_minute, 24 * 60 - rng.randint(2, 40))
+    completion = _log_uniform(rng, 1_000, 20_000)
+    traffic.append({"at": _hhmm(start), "day": 1, "concurrency": rng.choice([4, 8, 16, 24]),
+                    "prompt": _log_uniform(rng, 2_000, 30_000), "completion": completion,
+                    "max_tokens": completion, "duration_seconds": duration,
+                    "gives_up_after_seconds": rng.randint(30, 300), **counts})
+    if scenario.get("days") != 2:  # the eleventh generator may have asked for the next day already
+        cap = int(str(scenario["daily_cap"]))
+        size = rng.choice([5_000, 20_000, 50_000])
+        requests = max(1, min(MAX_REQUESTS // 4, 2 * cap // size))
+        traffic.append({"from": "00:00", "to": "03:00", "day": 2,
+                        "every_seconds": round(180 * 60 / requests, 1), "prompt": size * 4 // 5,
+                        "completion": size // 5, "max_tokens": size // 5 + 100,
+                        "duration_seconds": 20, **counts})
+        scenario["days"] = 2
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:

@@ -143,6 +143,9 @@ class TrafficLine(_Strict):
     # tokenization API's exact count (`exact_ratio`: its drift) reserved in the exact class.
     counting: Literal["cheap", "exact", "ark-api"] = "cheap"
     exact_ratio: Annotated[float, Field(strict=True, gt=0, le=100)] = 1.0
+    # The client (or LiteLLM's timeout) gives up on each request this long after it started;
+    # Ark, never told to stop, runs it for `duration_seconds` and bills it then (stop 35).
+    gives_up_after_seconds: Annotated[float, Field(strict=True, gt=0, le=86_400)] | None = None
 
     @property
     def billed_prompt(self) -> int:

@@ -90,6 +90,9 @@ class Strategy(Protocol):
 
     def settle(self, req: SimRequest, adm: Admission, reported: int | None, now: int) -> None: ...
 
+    def give_up(self, req: SimRequest, adm: Admission, now: int) -> None:
+        """The proxy gave up on an admitted request that Ark goes on running."""
+
     def wakeup_at(self) -> int | None:
         """When the strategy's background work (its sync) next wants to run."""
 
@@ -314,6 +317,16 @@ class GuardStrategy:
             return  # the store was wiped and no sync has recreated the pool yet: the usage is lost
         self._burst_pending(d.used_balance - d.inflight, now)
 
+    def give_up(self, req: SimRequest, adm: Admission, now: int) -> None:
+        # As the hook on a timeout or a client leaving: kept whole, Ark may still be running it.
+        try:
+            d = self.gate.settle(POOL, req.rid, None, running=True)
+        except GateError as exc:
+            if exc.code != "unknown_pool":
+                raise
+            return
+        self._burst_pending(d.used_balance - d.inflight, now)
+
     def view(self, now: int) -> LimitView:
         d = self.gate.status(POOL).decision
         if d.reason == "no_snapshot":
@@ -414,6 +427,9 @@ class HistoricalStrategy:
             self.evicted = True
         if self.since_sync > BURST_SYNC_TOKENS:
             self.sync(now)
+
+    def give_up(self, req: SimRequest, adm: Admission, now: int) -> None:
+        self.settle(req, adm, None, now)  # no usage comes back
 
     def view(self, now: int) -> LimitView:
         return LimitView(self.today(now), self.limit)
