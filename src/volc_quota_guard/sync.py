@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from . import metrics
 from .clock import MINUTE_MS, to_beijing
 from .config import Settings
-from .errors import BillingAuthError, BillingError, QuotaGuardError, StoreUnavailable
+from .errors import BillingAuthError, BillingError, GateError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Decision, Gate
 from .limit import (
     LAG_CEILING_MS,
@@ -275,7 +275,17 @@ class SyncService:
         for spec in specs:
             pooled = assignment.pools[spec.pool]
             views = _views(pooled.packages)
-            result, decision = self._sync_pool(spec.pool, views, started, meta)
+            try:
+                result, decision = self._sync_pool(spec.pool, views, started, meta)
+            except GateError as exc:
+                if exc.code != "generation":
+                    raise
+                # The store lost the state (or another process replaced it) after this sync
+                # read it: computed for a generation that is gone, the snapshot was refused.
+                # Again from the top, the state this sync creates is lost state (held, recovered).
+                log.warning("⚠️ [Sync] %s: the pool's state changed during the sync (%s); syncing "
+                            "it again", spec.pool, exc)
+                result, decision = self._sync_pool(spec.pool, views, started, meta)
             results.append(result)
             gens[f"gen:{spec.pool}"] = self.checkpoints[spec.pool].generation \
                 if spec.pool in self.checkpoints else result.history_start_ms
@@ -335,7 +345,8 @@ class SyncService:
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,
-                           unseen_day_tokens=cfg.unseen_day_tokens)
+                           unseen_day_tokens=cfg.unseen_day_tokens,
+                           generation=history_start if exists else 0)
         decision = self.gate.install_snapshot(pool, snapshot)
         h = self.gate.history(pool)
         gen = (h or {}).get("hist_at") or history_start

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from sync.conftest import ACCOUNT, MIN, POOL, beijing_ms
+from volc_quota_guard.gate import Decision, Snapshot
 from volc_quota_guard.limit import LimitState, assumed_lag_ms
 
 HELD = {"cold_start_admit_tokens": 0, "unseen_day_tokens": 200_000}  # the production defaults
@@ -210,3 +211,45 @@ def test_a_checkpoint_counts_as_unsettled_only_what_the_balance_has_not_proven_s
     assert st.get("ucum") - st.get("settled") >= 15 * 60_000  # the estimate's "unsettled"
     seen = svc.checkpoints[POOL]
     assert seen.floor is not None and seen.unsettled <= 60_000 + st.get("inflight"), seen
+
+
+@pytest.mark.parametrize("b0", [5_000_000, 1_300_000])
+@pytest.mark.parametrize("when", ["before_sync", "inside_sync", "inside_sync_two_workers"])
+def test_a_wipe_between_the_syncs_read_and_its_install_is_lost_state(make_world, caplog, when, b0):
+    """The store comes back empty after a sync read the pool's state and before it installs the
+    snapshot computed from it. Installed anyway, the snapshot created a fresh generation that the
+    sync took for the one it had read: no hold, no recovered count, no `⛔ [STATE-LOST]`, and a
+    single process burned 1,400,000 (red-team pass, stop 35). The install now names the
+    generation it was computed from; another is refused and the sync starts again, as lost state."""
+    w = make_world("2026-08-13 06:00", cold_start_admit_tokens=0, unseen_day_tokens=200_000)
+    w.fake.add_package(POOL, b0, acquired_ms=beijing_ms("2026-08-12 10:30"))
+    svc = w.service()
+    other = w.service() if when.endswith("two_workers") else None
+    w.idle("2026-08-13 08:00", svc)
+    if other:
+        other.tick()
+    w.run("2026-08-13 13:00", every_ms=MIN, tokens=10_000, svc=svc,
+          budget=b0 - 300_000 if b0 < 2_000_000 else 1_500_000)
+    if other:
+        other.tick()
+    real = svc.gate.install_snapshot
+    armed = {"on": when.startswith("inside_sync")}
+
+    def install(pool: str, snapshot: Snapshot) -> Decision:
+        if armed["on"]:
+            armed["on"] = False
+            w.gate.records.clear()  # Redis restarted empty right after the sync's reads
+        return real(pool, snapshot)
+
+    svc.gate.install_snapshot = install  # type: ignore[method-assign]
+    if when == "before_sync":
+        w.gate.records.clear()
+    svc.sync_account(ACCOUNT, svc.pools(), "manual")
+    end = beijing_ms("2026-08-13 23:50")
+    while w.clock.now_ms() < end:
+        if other:
+            other.tick()
+        w.run("2026-08-13 23:50", every_ms=MIN, tokens=10_000, svc=svc, budget=w.served + 10_000)
+    t = w.totals()
+    assert (t.billed, t.burned) == (0, 0), t
+    assert any("STATE-LOST" in r.getMessage() for r in caplog.records), "the loss was never reported"

@@ -412,6 +412,11 @@ class GateModel:
                 (s.day_step, MAX_AMOUNT), (s.day_since_ms, MAX_TIME), (s.day_from, MAX_AMOUNT))):
             raise GateError("bad_amount", "day reconcile: step, since and from must be non-negative integers")
         p = self.pools.get(pool)
+        if not _is_int(s.generation, 0, MAX_TIME):
+            raise GateError("bad_amount", "generation must be a non-negative integer")
+        if s.generation and (p is None or max(p.hist_at, 1) != s.generation):
+            raise GateError("generation", "the pool state is not the generation this snapshot was "
+                                          "computed from")
         if p is None:
             p = self.pools[pool] = PoolModel(day=beijing_day(now), hist_at=now)
         p.housekeep(now)

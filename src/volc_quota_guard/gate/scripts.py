@@ -150,7 +150,7 @@ class _Args:
                 _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
                 json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm),
                 _num(s.hold_until_ms) if s.hold_until_ms else "", _num(s.hold_cap),
-                _num(s.unseen_day_tokens), *_day_args(s)]
+                _num(s.unseen_day_tokens), *_day_args(s), _num(s.generation)]
 
     def recover(self, generation: int, day: int, seen_today: int) -> list[str]:
         return [_now_arg(self.clock), _num(generation), _num(day), _num(seen_today)]

@@ -97,6 +97,10 @@ class Snapshot:
     day_step: int | None = None
     day_since_ms: int = 0
     day_from: int | None = None
+    # The state generation (hist_at) this snapshot was computed from; 0: a new state. Installing
+    # it into another generation (the store lost its data after the sync read the state) is
+    # refused (`generation`): the sync must take the lost-state path instead.
+    generation: int = 0
 
 
 @dataclass(frozen=True)

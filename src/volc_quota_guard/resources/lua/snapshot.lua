@@ -5,7 +5,9 @@
 -- most lifetime usage may reach while held), and the tokens of today the guard did not see
 -- when this call creates the state ('' = 0); then today's count from the billing API: the
 -- consumption the API settled since the previous sync at most ('' = not bounded: count from
--- here), that sync's time (ms, 0 = none) and the guard's lifetime usage a reconcile lag ago.
+-- here), that sync's time (ms, 0 = none) and the guard's lifetime usage a reconcile lag ago;
+-- then the generation (hist_at) the snapshot was computed from ('' or 0 = a new state): another
+-- generation, or none, is an error ('generation') and nothing is written.
 -- Installs the pool's snapshot, all of it in one
 -- step; counters (and what the correction learned) are kept. The call that creates the state
 -- stamps where the pool's history begins (hist_at, also its generation).
@@ -44,7 +46,12 @@ if step == false or since == false or from == false then
 end
 since = since or 0
 
+local expect = optional(18, MAX_TIME)
+if expect == false then return err('bad_amount', 'generation must be a non-negative integer') end
 local st = load()
+if expect and expect > 0 and (not st.exists or math.max(st.hist_at, 1) ~= expect) then
+  return err('generation', 'the pool state is not the generation this snapshot was computed from')
+end
 if not st.exists then
   st.day, st.hist_at = day_of(now), now
   -- What ran today before the history began is not seen; a history from midnight misses nothing.
