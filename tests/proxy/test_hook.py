@@ -732,6 +732,26 @@ def test_one_volcengine_account_under_two_pools_is_refused(
     assert len(pools_from_model_list([first, fixed])) == 2
 
 
+def test_one_access_key_copied_under_two_account_names_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One account's AK/SK copied into two `vqg_account`s (each deployment with its own Ark key)
+    would let both pools spend the whole free balance: a red-team pass billed 120,000 (stop 35)."""
+    from volc_quota_guard.proxy import calls
+
+    for name in ("ACCT_A", "TEAM_B"):
+        monkeypatch.setenv(f"VOLC_ACCESSKEY_{name}", "AK-same")
+        monkeypatch.setenv(f"VOLC_SECRETKEY_{name}", "SK-same")
+    first = _dep("a", "volcengine/m-1", vqg_account="acct-a", api_key="key-a")
+    second = _dep("b", "volcengine/m-2", vqg_account="team-b", api_key="key-b")
+    _router_of(monkeypatch, first, second)
+    for dep in (first, second):
+        with pytest.raises(GuardConfigError, match="the same Volcengine access key"):
+            calls.guard_of_call(_raw_call(dep["model_info"]["id"], dep["litellm_params"]["model"]))
+    with pytest.raises(ConfigError, match="the same Volcengine access key"):
+        pools_from_model_list([first, second])
+    monkeypatch.setenv("VOLC_ACCESSKEY_TEAM_B", "AK-other")
+    assert len(pools_from_model_list([first, second])) == 2
+
+
 def test_a_litellm_credential_is_read_for_where_a_deployment_sends_and_with_which_key(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """LiteLLM fills `api_base` / `api_key` from `litellm_credential_name` after the hook: an

@@ -207,8 +207,9 @@ def _check_unguarded(name: str, params: Mapping[str, Any], info: Mapping[str, An
 def conflicts(model_list: Iterable[Mapping[str, Any]],
               env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Guarded deployments whose pools would count one Volcengine account as two: deployment
-    name -> why. Two account names that read the same credentials, or one Ark API key under
-    two accounts (a key belongs to one account), each hold one free quota counted twice."""
+    name -> why. Two account names that read the same credentials (the same variables, or the
+    same access key copied into two), or one Ark API key under two accounts (a key belongs to
+    one account), each hold one free quota counted twice."""
     env = os.environ if env is None else env
     seen: list[tuple[str, GuardedDeployment, str]] = []
     for deployment in model_list:
@@ -226,6 +227,8 @@ def conflicts(model_list: Iterable[Mapping[str, Any]],
          "account's free quota would be counted as two; spell the account one way"),
         (lambda _, key: key, "share one Ark API key, and a key belongs to one Volcengine account: "
          "its free quota would be counted as two; give the deployments with that key one vqg_account"),
+        (lambda g, _: _access_key(g.account, env), "are given the same Volcengine access key: one "
+         "account's free quota would be counted as two; give the deployments one vqg_account"),
     ]
     for value_of, why in rules:
         accounts: dict[str, set[str]] = {}
@@ -237,6 +240,13 @@ def conflicts(model_list: Iterable[Mapping[str, Any]],
                 listed = " and ".join(repr(a) for a in sorted(group))
                 found.setdefault(name, f"accounts {listed} {why}")
     return found
+
+
+def _access_key(account: str, env: Mapping[str, str]) -> str:
+    try:
+        return env.get(env_names(account)[0], "").strip()
+    except ConfigError:
+        return ""
 
 
 def _credential_name(account: str) -> str:
