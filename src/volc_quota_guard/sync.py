@@ -71,6 +71,9 @@ class Checkpoint:
     young: int = 0  # the generation's unseen bound while it is young (limit.py), else 0
     floor: int | None = None  # the last sync's settled floor (limit.settled_floor)
     ucum: int = 0  # the most lifetime usage seen in this generation (it never goes down)
+    carry_day: int = 0  # usage also counted on that Beijing day (calls Ark may bill after midnight)
+    carry: int = 0
+    inflight: int = 0  # in flight, prompts at the miscount ceiling (in `today` too)
 
 
 def _start_text(history_start: int, held_until: int, young: int) -> str:
@@ -168,6 +171,9 @@ class SyncService:
         settled = d.settled if seen.floor is None else max(d.settled, seen.floor)
         unsettled = max(seen.unsettled, max(0, d.lifetime_worst - settled) + seen.young)
         seen = replace(seen, ucum=max(seen.ucum, d.ucum))
+        if d.carry_day > seen.carry_day or (d.carry_day == seen.carry_day and d.carry > seen.carry):
+            seen = replace(seen, carry_day=d.carry_day, carry=d.carry)
+        seen = replace(seen, inflight=max(seen.inflight, d.lifetime_worst - d.ucum))
         if d.day > seen.day:  # the answer is of a later Beijing day: its count is today's
             return replace(seen, day=d.day, today=d.today_worst, unsettled=unsettled)
         today = max(seen.today, d.today_worst) if d.day == seen.day else seen.today
@@ -222,12 +228,15 @@ class SyncService:
         settled = h["settled"] if floor is None else max(h["settled"], floor)
         own = max(0, h["ucum"] + h["inflight"] + unmeasured - settled)
         self.checkpoints[pool] = Checkpoint(gen, h["day"], h["day_usage"] + h["inflight"] + unmeasured, lags,
-                                            own + young, young, floor, h["ucum"])
+                                            own + young, young, floor, h["ucum"], h["carry_day"], h["carry"],
+                                            h["inflight"] + unmeasured)
 
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
                     h: dict[str, int] | None = None, start: str | None = None) -> None:
         """Log the loss once per generation; mark it in Redis and restore today's count."""
-        decision = self.gate.recover(pool, gen, seen.day if seen else 0, seen.today if seen else 0)
+        decision = self.gate.recover(pool, gen, seen.day if seen else 0, seen.today if seen else 0,
+                                     seen.carry_day if seen else 0, seen.carry if seen else 0,
+                                     seen.inflight if seen else 0)
         if (pool, gen) in self._reported or decision.reason != "recovered":
             return
         self._reported.add((pool, gen))

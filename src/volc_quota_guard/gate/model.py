@@ -80,6 +80,8 @@ class PoolModel:
     unsure: int = 0  # lifetime usage counted without a measurement
     carry_day: int = 0  # expired reservations Ark may bill on Beijing day carry_day
     carry: int = 0
+    lost_carry_day: int = 0  # a lost generation's carry (recover.lua; the model has no recover)
+    lost_carry: int = 0
     xcorr: int = 0  # the exact class's peak measured ratio (ppm), 0 = none yet
     xcorr_at: int = 0
     xcorr_n: int = 0
@@ -145,7 +147,8 @@ class PoolModel:
 
     def day_count(self) -> int:
         """Today's usage as the daily cap counts it: ours, or less where the API showed less."""
-        carried = self.carry if self.carry_day == self.day else 0
+        carried = (self.carry if self.carry_day == self.day else 0) + \
+            (self.lost_carry if self.lost_carry_day == self.day else 0)
         if self.dr_day != self.day:
             return carried + self.day_usage
         return carried + min(self.day_usage, self.dr_best + max(0, self.ucum - self.dr_ucum))
@@ -272,7 +275,7 @@ class PoolModel:
                         self.balance_wall(), self.day_count() + self.held(), self.cap,
                         self.inflight, self.evicted_until, overrun, self.balance, input_reserved,
                         self.k, self.kx, self.hist_at, self.day, self.day_usage + worst,
-                        self.ucum + worst, self.settled, self.ucum)
+                        self.ucum + worst, self.settled, self.ucum, self.carry_day, self.carry)
 
 
 _NO_SNAPSHOT = Decision("refused", "no_snapshot", 0, 0, 0, 0, 0, 0, 0, 0, False, 0, 0, 0, 0)

@@ -95,7 +95,7 @@ def _parse(raw: list[Any]) -> Decision:
         correction_ppm=int(vals[13]), exact_correction_ppm=int(vals[14]),
         generation=int(vals[15]), day=int(vals[16]), today_worst=int(vals[17]),
         lifetime_worst=int(vals[18]), settled=int(vals[19]),
-        ucum=int(vals[20]),
+        ucum=int(vals[20]), carry_day=int(vals[21]), carry=int(vals[22]),
     )
 
 
@@ -152,8 +152,10 @@ class _Args:
                 _num(s.hold_until_ms) if s.hold_until_ms else "", _num(s.hold_cap),
                 _num(s.unseen_day_tokens), *_day_args(s), _num(s.generation)]
 
-    def recover(self, generation: int, day: int, seen_today: int) -> list[str]:
-        return [_now_arg(self.clock), _num(generation), _num(day), _num(seen_today)]
+    def recover(self, generation: int, day: int, seen_today: int, carry_day: int = 0,
+                carry: int = 0, inflight: int = 0) -> list[str]:
+        return [_now_arg(self.clock), _num(generation), _num(day), _num(seen_today), _num(carry_day),
+                _num(carry), _num(inflight)]
 
     def status(self) -> list[str]:
         return [_now_arg(self.clock)]
@@ -234,11 +236,16 @@ class Gate:
         _call(lambda: self.client.sadd(self.args.keyspace.pools_index(), pool))
         return decision
 
-    def recover(self, pool: str, generation: int, day: int, seen_today: int) -> Decision:
+    def recover(self, pool: str, generation: int, day: int, seen_today: int, carry_day: int = 0,
+                carry: int = 0, inflight: int = 0) -> Decision:
         """Mark generation `generation` of the pool's state as lost state (not a first start) and
         raise today's usage to `seen_today` (what this process saw before the loss) if `day` is
-        today. `reason` is 'recovered', or 'generation' when the state is another generation."""
-        return self._run("recover", pool, self.args.recover(generation, day, seen_today))
+        today, and count on today or tomorrow what it carried to `carry_day` (calls Ark may still
+        bill then) and its calls `inflight` (at the miscount ceiling) when the loss is near a
+        Beijing midnight. `reason` is 'recovered', or 'generation' when the state is another
+        generation."""
+        return self._run("recover", pool,
+                         self.args.recover(generation, day, seen_today, carry_day, carry, inflight))
 
     def sighting(self, pool: str, generation: int) -> Decision | None:
         """This process's latest answer for `pool` in state generation `generation` (any gate's)."""
@@ -257,7 +264,7 @@ class Gate:
         """The pool's generation and today's count, one read: None when the pool has no state."""
         names = ("hist_at", "hist_lost", "day", "day_usage", "inflight", "ucum", "inflight_est",
                  "inflight_est_res", "inflight_xest", "inflight_xest_res", "corr_max", "settled",
-                 "snap_at")
+                 "carry_day", "carry", "snap_at")
         keys = self.args.keys(pool)
         vals = _call(lambda: self.client.hmget(keys.state, names))
         if vals[-1] is None:

@@ -50,6 +50,8 @@ class Decision:
     lifetime_worst: int = 0
     settled: int = 0
     ucum: int = 0  # lifetime usage: never lower later in the same generation (a rollback if it is)
+    carry_day: int = 0  # usage also counted on this Beijing day (calls Ark may bill after midnight)
+    carry: int = 0
 
     @property
     def admitted(self) -> bool:

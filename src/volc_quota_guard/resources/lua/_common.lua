@@ -68,8 +68,9 @@ local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buf
   -- The exact-count class (reserve's 'exact'): its peak ratio, when and how often measured, and
   -- the in-flight sums of its estimated and reserved input (the fields above are the cheap class).
   'xcorr', 'xcorr_at', 'xcorr_n', 'inflight_xest', 'inflight_xest_res',
-  -- Expired reservations (a dead process's calls) that Ark may bill on Beijing day carry_day.
-  'carry_day', 'carry'}
+  -- Expired reservations (a dead process's calls) that Ark may bill on Beijing day carry_day;
+  -- and what a lost generation carried to lost_carry_day (recover.lua: a wipe lost it).
+  'carry_day', 'carry', 'lost_carry_day', 'lost_carry'}
 
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
@@ -263,7 +264,8 @@ end
 -- Today's usage as the daily cap counts it: the guard's own count, or less where the billing
 -- API showed the day used less (usage the guard kept whole because it was never reported).
 local function day_count(st)
-  local carried = (st.carry_day == st.day) and st.carry or 0
+  local carried = ((st.carry_day == st.day) and st.carry or 0)
+    + ((st.lost_carry_day == st.day) and st.lost_carry or 0)
   if st.dr_day ~= st.day then return carried + st.day_usage end
   return carried + math.min(st.day_usage, st.dr_best + math.max(0, st.ucum - st.dr_ucum))
 end
@@ -311,7 +313,7 @@ local function inflight_at_ceiling(st)
 end
 
 -- The tail (generation, Beijing day, today's and lifetime usage with in-flight at the ceiling,
--- settled) is what a process remembers of the pool from its latest answer (gate `sighting`):
+-- settled, lifetime usage, the carry to a next day and its day) is what a process remembers of the pool from its latest answer (gate `sighting`):
 -- if the state is lost, what it admitted after the sync thread's last poll is not lost too.
 local function answer(st, status, reason, amount, overrun, input_reserved)
   local hb, hc = headrooms(st)
@@ -320,5 +322,6 @@ local function answer(st, status, reason, amount, overrun, input_reserved)
   return {status, reason, amount, math.min(hb, hc), st.ucum + held, wall_balance(st),
     day_count(st) + held, day_cap(st), st.inflight, st.evicted_until, overrun or 0, st.balance,
     input_reserved or 0, st.k or PPM, st.kx or XCORR_FLOOR,
-    st.hist_at, st.day, st.day_usage + worst, st.ucum + worst, st.settled, st.ucum}
+    st.hist_at, st.day, st.day_usage + worst, st.ucum + worst, st.settled, st.ucum,
+    st.carry_day, st.carry}
 end

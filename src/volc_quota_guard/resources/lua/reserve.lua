@@ -23,7 +23,7 @@ local exact = class == 'exact'
 local renew = ARGV[8] == 'renew'
 
 local st = load()
-if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
+if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
 housekeep(st, now)
 local reason, granted, status, est_res = nil, 0, 'refused', corrected(est, exact and st.kx or st.k)
 local live = redis.call('HGET', K_RES, id)
