@@ -262,7 +262,16 @@ def compute_limit(
     unsure_now = usage.unsure[-1] if usage.unsure else 0
     seen = unsure_now == 0
     proven = floor is not None and floor >= usage.lifetime_usage
-    quiet_ms = max(QUIET_MS, assumed_lag_ms(state, now_ms, lag_floor_ms))
+    # This sync's own lag reading (below) counts before the quiet test: a lag that grew since the
+    # last sync (an incident starting as the traffic stops) must not let a quiet stretch shorter
+    # than it anchor (a red-team scenario anchored 140,000 high and billed 89,000, stop 35).
+    probe = state
+    if state.anchor_free_total is None and state.upper_free_total is not None:
+        bound = min(state.upper_free_total, balance + usage.lifetime_usage + usage.inflight)
+        reading = _lag_behind(usage, bound - balance, history_start_ms, now_ms)
+        if reading is not None:
+            probe = replace(state, lags=(*state.lags, (now_ms, reading))[-50:])
+    quiet_ms = max(QUIET_MS, assumed_lag_ms(probe, now_ms, lag_floor_ms))
     quiet = (usage.inflight == 0 and history_ms >= quiet_ms and state.unseen_ref is None
              and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage and (seen or proven))
     if quiet:
