@@ -49,6 +49,16 @@ def test_bad_values_stop_startup_naming_the_variable(monkeypatch, name, value, n
     assert needle in str(exc.value)
 
 
+def test_a_daily_cap_above_volcengines_is_started_with_a_warning(monkeypatch, caplog):
+    """VQG_DAILY_CAP above the 2M cap last seen at Volcengine (a red-team note, stop 35) starts,
+    since an account's cap may be higher, but says what it risks; the default says nothing."""
+    assert load_settings().daily_cap == 2_000_000
+    assert "VQG_DAILY_CAP" not in caplog.text
+    monkeypatch.setenv("VQG_DAILY_CAP", "3000000")
+    assert load_settings().daily_cap == 3_000_000
+    assert "⚠️ [CONFIG] VQG_DAILY_CAP=3,000,000 is above the 2,000,000" in caplog.text
+
+
 def test_snapshot_command_installs_a_pool(monkeypatch, keyspace, capsys):
     """`volc-quota-guard snapshot` seeds a pool so the gate admits against it."""
     if TEST_REDIS_URL:

@@ -157,7 +157,7 @@ def load_settings(**overrides: object) -> Settings:
             "⚠️ [CONFIG] VQG_COUNT_CACHED_TOKENS is no longer read: a cache hit draws on the free "
             "quota, so cached prompt tokens always count")
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        settings = Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -172,6 +172,14 @@ def load_settings(**overrides: object) -> Settings:
                 env, allowed = name, "a valid value"
             problems.append(f"{env}={err.get('input')!r} is invalid: must be {allowed}")
         raise ConfigError("; ".join(problems)) from None
+    default_cap = Settings.model_fields["daily_cap"].default
+    if settings.daily_cap > default_cap:
+        logging.getLogger("volc_quota_guard").warning(
+            "⚠️ [CONFIG] VQG_DAILY_CAP=%s is above the %s tokens per model per Beijing day that "
+            "Volcengine's collection cap was last seen at: what is consumed past the real cap is "
+            "never returned. Keep it only if your account's cap is that high.",
+            f"{settings.daily_cap:,}", f"{default_cap:,}")
+    return settings
 
 
 @lru_cache(maxsize=1)
