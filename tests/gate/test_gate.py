@@ -140,6 +140,17 @@ def test_release_frees_headroom_and_unknown_settle_counts_once(gate, clock):
     assert gate.status(POOL).decision.used_balance == 300
 
 
+def test_a_reserve_landing_after_its_release_finds_it_resolved(gate, clock):
+    """A reserve whose answer was lost is released by the hook; if the reserve itself reaches the
+    store only after that (a slow connection), it must not hold tokens nobody will settle: the
+    release marked the id (a red-team pass left 3,156 tokens orphaned in a timeout storm)."""
+    gate.install_snapshot(POOL, snap(clock))
+    assert gate.release(POOL, "late").reason == "unknown_id"
+    d = gate.reserve(POOL, "late", 5_000)
+    assert d.reason == "resolved" and not d.admitted
+    assert gate.status(POOL).decision.inflight == 0
+
+
 def test_overrun_is_flagged_and_nothing_more_is_admitted(gate, clock):
     """Real usage above its reservation past the wall is flagged, and the pool refuses after."""
     gate.install_snapshot(POOL, snap(clock, balance=150_000, buffer=50_000))

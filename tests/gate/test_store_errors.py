@@ -74,3 +74,27 @@ def test_the_lua_bounds_are_the_python_ones():
     assert found["MAX_REQUEST"] == values.MAX_REQUEST
     assert found["MAX_AMOUNT"] == values.MAX_AMOUNT
     assert found["MAX_TIME"] == values.MAX_TIME
+
+
+def test_a_sync_lock_whose_answer_was_lost_is_still_held_by_its_taker(client, keyspace) -> None:
+    """`SET NX` ran but its answer was lost and the retry found the key: that is this owner's
+    lock, not another's (a red-team pass: no process synced for a minute)."""
+    from volc_quota_guard.gate.records import Records
+
+    records = Records(client, keyspace)
+    assert records.take_sync_lock("acct-a", "me", 60_000)
+    assert records.take_sync_lock("acct-a", "me", 60_000)  # the retried SET finds its own lock
+    assert not records.take_sync_lock("acct-a", "other", 60_000)
+
+
+def test_a_timeout_is_not_retried_a_dropped_connection_is() -> None:
+    """redis-py's Retry retries timeouts by default: a slow Redis cost two socket timeouts per
+    call (10 s before a 503) and ran a reserve twice. Only a dropped connection is retried."""
+    import redis as redis_mod
+
+    from volc_quota_guard.gate.store import connect, connect_async
+
+    for client in (connect("redis://127.0.0.1:1/0"), connect_async("redis://127.0.0.1:1/0")):
+        supported = client.get_retry()._supported_errors  # type: ignore[union-attr]
+        assert redis_mod.ConnectionError in supported
+        assert redis_mod.TimeoutError not in supported

@@ -398,6 +398,8 @@ class GateModel:
             reason = "released"
         elif rid in p.resolved:
             reason = "duplicate"
+        else:
+            p.resolve(rid, "released", 0, now)  # a reserve landing later finds it resolved
         p.update_eviction()
         return p.answer("ok", reason, amount)
 

@@ -67,8 +67,13 @@ class Records:
 
     def take_sync_lock(self, account: str, owner: str, ttl_ms: int) -> bool:
         """Whether `owner` now holds the account's sync lock (held by nobody else, for `ttl_ms`)."""
+        key = self.keyspace.sync_lock(account)
         with store_errors():
-            return bool(self._client.set(self.keyspace.sync_lock(account), owner, nx=True, px=ttl_ms))
+            if self._client.set(key, owner, nx=True, px=ttl_ms):
+                return True
+            # A SET whose answer was lost and retried finds its own lock: it holds it.
+            held = self._client.get(key)
+        return (held.decode() if isinstance(held, bytes) else held) == owner
 
     def drop_sync_lock(self, account: str, owner: str) -> None:
         """Release the lock if `owner` still holds it (it may have expired and passed on): one

@@ -73,8 +73,10 @@ async def amapped(fn: Callable[[], Awaitable[T]]) -> T:
 _TIMEOUT_S = 5
 # One immediate retry on a dropped connection: after a Redis restart every pooled connection is
 # dead, and without it each would fail one request (503) or lose one settle. Safe because every
-# gate verb is idempotent per request id; timeouts are not retried (they would double the wait).
+# gate verb is idempotent per request id. Timeouts are not retried (redis-py's Retry would, by
+# default: a slow Redis cost two socket timeouts per call, and a reserve ran twice).
 _RETRIES = 1
+_RETRIED = (redis.ConnectionError,)
 
 
 def connect(url: str | None, cluster: bool = False, *, single_thread: bool = False) -> redis.Redis:
@@ -93,7 +95,7 @@ def connect(url: str | None, cluster: bool = False, *, single_thread: bool = Fal
             raise StoreUnavailable(f"Redis Cluster unreachable at {url}: {exc}") from exc  # redacted
     if url:
         return redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
-                                    retry=Retry(NoBackoff(), _RETRIES),
+                                    retry=Retry(NoBackoff(), _RETRIES, supported_errors=_RETRIED),
                                     retry_on_error=[redis.ConnectionError],
                                     single_connection_client=single_thread)
     if cluster:
@@ -108,7 +110,7 @@ def connect_async(url: str | None, cluster: bool = False) -> aioredis.Redis:
             url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
     if url:
         return aioredis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
-                                       retry=AsyncRetry(NoBackoff(), _RETRIES),
+                                       retry=AsyncRetry(NoBackoff(), _RETRIES, supported_errors=_RETRIED),
                                        retry_on_error=[redis.ConnectionError])
     if cluster:
         raise ValueError("VQG_REDIS_CLUSTER needs VQG_REDIS_URL (a node of the cluster)")

@@ -140,6 +140,7 @@ class QuotaGuard(CustomLogger):
         self._headroom_seen: dict[str, tuple[float, int, int]] = {}
         self._fallback_logged: dict[str, float] = {}  # model id -> when its failure was logged
         self._exact_failed_at: dict[str, float] = {}  # model id -> when Ark's tokenization last failed
+        self._background: set[asyncio.Task[None]] = set()  # kept until done (a task needs a ref)
         self._renewers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
             weakref.WeakKeyDictionary())
 
@@ -513,6 +514,8 @@ class QuotaGuard(CustomLogger):
                     d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least,
                                                   ttl_ms, input_tokens=sizing.input_tokens, exact=True)
         except (StoreUnavailable, GateError) as exc:
+            if not self.fail_open:  # refused: a reserve that ran with its answer lost holds quota
+                self._release_later(guard.pool, rid)
             store_failure(self.fail_open, f"quota store unreachable, {guard.pool} passes unguarded",
                           f"⛔ [STORE-DOWN] quota store unreachable, {guard.pool} refused",
                           refusals.store_down(group, exc), exc)
@@ -805,6 +808,23 @@ class QuotaGuard(CustomLogger):
                                       outcome=type(exc).__name__ if exc is not None else "failure")
         except Exception:  # noqa: BLE001
             log.exception("settle after failure event failed; the reservation expires as consumed")
+
+    def _release_later(self, pool: str, rid: str) -> None:
+        """Release `rid` in the background, best effort: a reserve whose answer was lost (the
+        store timed out) may have run, and would hold its tokens a TTL, then count them; the
+        release also marks the id, so a reserve that lands later finds it resolved."""
+        async def release() -> None:
+            try:
+                d = await self.gate().release(pool, rid)
+                if d.reason == "released":
+                    log.info("↩️ [RELEASE] %s: -%d (a reserve whose answer was lost) pool=%s",
+                             rid, d.amount, pool)
+            except Exception as exc:  # noqa: BLE001  the store is still down: it expires as consumed
+                log.warning("⚠️ [STORE-DOWN] could not release %s after a failed reserve (%s): if it "
+                            "ran, it counts as consumed at its deadline", rid, exc)
+        task = asyncio.get_running_loop().create_task(release())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _release(self, res: Reservation, why: str) -> None:
         d = await self.gate().release(res.pool, res.rid)

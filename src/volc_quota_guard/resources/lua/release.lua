@@ -1,5 +1,6 @@
 -- ARGV: now_ms ('' = server TIME), request id.
--- Frees a live reservation whose request never reached the upstream.
+-- Frees a live reservation whose request never reached the upstream. An id it does not know is
+-- marked released too: a reserve whose answer was lost may still land, and must find it resolved.
 local now = read_now(ARGV[1])
 local id = ARGV[2]
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
@@ -20,6 +21,8 @@ if live then
   reason = 'released'
 elseif redis.call('HEXISTS', K_DONE, id) == 1 then
   reason = 'duplicate'
+else
+  resolve(id, 'released', 0, now)
 end
 update_eviction(st)
 save(st)
