@@ -220,6 +220,7 @@ def compute_limit(
     cold_start_admit: int = 0,
     unseen_tokens: int = 0,
     lost: bool = False,
+    running_ms: int = 0,
 ) -> LimitResult:
     """The pool's snapshot. `history_start_ms` is where our usage timeline begins (the state's
     hist_at; 1 = long ago); a new history is young: it keeps `unseen_tokens` (what may have run
@@ -345,9 +346,12 @@ def compute_limit(
 
     valid_until = now_ms + max_age_ms
     # Expiry: what the API still shows in packages that expire before the snapshot does is
-    # taken off now. FIFO means our own use eats those first, so this only ever errs safe.
+    # taken off now. FIFO means our own use eats those first, so this only ever errs safe. A
+    # request admitted just before the snapshot goes stale still runs for `running_ms` (the
+    # reservation TTL): a package expiring in that time is off too (16 requests admitted a
+    # minute before such an expiry ran on past it and billed 184,000: red-team, stop 35).
     expiring = sum(p.available for p in packages
-                   if p.expires_ms is not None and p.expires_ms <= valid_until)
+                   if p.expires_ms is not None and p.expires_ms <= valid_until + running_ms)
     step, counted_from = day_step(now_ms, packages, usage, *previous, lag_ms=lag,
                                   floor_before=state.settled_floor, floor=floor)
     state = replace(state, settled_floor=floor)

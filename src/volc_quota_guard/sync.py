@@ -350,7 +350,7 @@ class SyncService:
             # raised by its later gate answers: `_last_seen`) is unseen too.
             unseen_tokens=max(cfg.unseen_day_tokens, seen.unsettled if lost and seen else 0,
                               int(other_bound) if other else 0),
-            lost=lost or other)
+            lost=lost or other, running_ms=cfg.reservation_ttl_seconds * 1000)
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,
