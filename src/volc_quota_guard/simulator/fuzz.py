@@ -186,6 +186,38 @@ def _burst_before_wipe(seed: int, scenario: dict[str, object]) -> None:
                     "max_tokens": size // 5 + 100, "duration_seconds": rng.choice([2, 5, 20]), **counts})
 
 
+def _pool_counting(traffic: list[dict[str, object]]) -> dict[str, object]:
+    """The counting keys of the pool's lines (one deployment: one method), for a line added."""
+    return {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio") if k in traffic[0]}
+
+
+def _first_minute(scenario: dict[str, object]) -> int:
+    """The first minute of day 1 a line may start at (after the run does)."""
+    first = datetime.fromisoformat(str(scenario["start"]))
+    return first.hour * 60 + first.minute + 1
+
+
+def _midnight_calls(rng: random.Random, traffic: list[dict[str, object]], start: int,
+                    duration: int, counts: dict[str, object], **extra: object) -> None:
+    """4-24 long calls at `start` of day 1, each capped at the answer it makes."""
+    completion = _log_uniform(rng, 1_000, 20_000)
+    traffic.append({"at": _hhmm(start), "day": 1, "concurrency": rng.choice([4, 8, 16, 24]),
+                    "prompt": _log_uniform(rng, 2_000, 30_000), "completion": completion,
+                    "max_tokens": completion, "duration_seconds": duration, **extra, **counts})
+
+
+def _day_two_over_cap(rng: random.Random, scenario: dict[str, object], counts: dict[str, object]) -> None:
+    """Day 2 from midnight: traffic that wants twice the daily cap in three hours."""
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    cap = int(str(scenario["daily_cap"]))
+    size = rng.choice([5_000, 20_000, 50_000])
+    requests = max(1, min(MAX_REQUESTS // 4, 2 * cap // size))
+    traffic.append({"from": "00:00", "to": "03:00", "day": 2, "every_seconds": round(180 * 60 / requests, 1),
+                    "prompt": size * 4 // 5, "completion": size // 5, "max_tokens": size // 5 + 100,
+                    "duration_seconds": 20, **counts})
+    scenario["days"] = 2
+
+
 def _long_requests(seed: int, scenario: dict[str, object]) -> None:
     """Requests that outlive the reservation TTL (15-60 min: long reasoning streams), from a
     generator of their own, most started before a Beijing midnight and ending after it, then a
@@ -196,24 +228,12 @@ def _long_requests(seed: int, scenario: dict[str, object]) -> None:
     if rng.random() < 0.85:
         return
     traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
-    counts: dict[str, object] = {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio")
-                                 if k in traffic[0]}
+    counts = _pool_counting(traffic)
     duration = rng.randint(15, 60) * 60
-    first = datetime.fromisoformat(str(scenario["start"]))
-    first_minute = first.hour * 60 + first.minute + 1  # day 1's lines start after the run does
     start = 24 * 60 - rng.randint(1, duration // 60 - 1) if rng.random() < 0.7 \
-        else rng.randrange(first_minute, 23 * 60)
-    completion = _log_uniform(rng, 1_000, 20_000)
-    traffic.append({"at": _hhmm(start), "day": 1, "concurrency": rng.choice([4, 8, 16, 24]),
-                    "prompt": _log_uniform(rng, 2_000, 30_000), "completion": completion,
-                    "max_tokens": completion, "duration_seconds": duration, **counts})
-    cap = int(str(scenario["daily_cap"]))
-    size = rng.choice([5_000, 20_000, 50_000])
-    requests = max(1, min(MAX_REQUESTS // 4, 2 * cap // size))
-    traffic.append({"from": "00:00", "to": "03:00", "day": 2, "every_seconds": round(180 * 60 / requests, 1),
-                    "prompt": size * 4 // 5, "completion": size // 5, "max_tokens": size // 5 + 100,
-                    "duration_seconds": 20, **counts})
-    scenario["days"] = 2
+        else rng.randrange(_first_minute(scenario), 23 * 60)
+    _midnight_calls(rng, traffic, start, duration, counts)
+    _day_two_over_cap(rng, scenario, counts)
     last = min(start + duration // 60 - 1, 24 * 60 - 1)
     if rng.random() < 0.5 and start + 1 <= last:
         # Half the time the process running them dies mid-call (stop 34): their reservations
@@ -231,26 +251,13 @@ def _given_up(seed: int, scenario: dict[str, object]) -> None:
     if rng.random() < 0.85:
         return
     traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
-    counts: dict[str, object] = {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio")
-                                 if k in traffic[0]}
+    counts = _pool_counting(traffic)
     duration = rng.randint(5, 45) * 60
-    first = datetime.fromisoformat(str(scenario["start"]))
-    first_minute = first.hour * 60 + first.minute + 1
-    start = max(first_minute, 24 * 60 - rng.randint(2, 40))
-    completion = _log_uniform(rng, 1_000, 20_000)
-    traffic.append({"at": _hhmm(start), "day": 1, "concurrency": rng.choice([4, 8, 16, 24]),
-                    "prompt": _log_uniform(rng, 2_000, 30_000), "completion": completion,
-                    "max_tokens": completion, "duration_seconds": duration,
-                    "gives_up_after_seconds": rng.randint(30, 300), **counts})
+    start = max(_first_minute(scenario), 24 * 60 - rng.randint(2, 40))
+    _midnight_calls(rng, traffic, start, duration, counts)
+    traffic[-1]["gives_up_after_seconds"] = rng.randint(30, 300)  # drawn after the line's sizes
     if scenario.get("days") != 2:  # the eleventh generator may have asked for the next day already
-        cap = int(str(scenario["daily_cap"]))
-        size = rng.choice([5_000, 20_000, 50_000])
-        requests = max(1, min(MAX_REQUESTS // 4, 2 * cap // size))
-        traffic.append({"from": "00:00", "to": "03:00", "day": 2,
-                        "every_seconds": round(180 * 60 / requests, 1), "prompt": size * 4 // 5,
-                        "completion": size // 5, "max_tokens": size // 5 + 100,
-                        "duration_seconds": 20, **counts})
-        scenario["days"] = 2
+        _day_two_over_cap(rng, scenario, counts)
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:
