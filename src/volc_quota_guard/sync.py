@@ -234,9 +234,8 @@ class SyncService:
     def _state_lost(self, pool: str, gen: int, seen: Checkpoint | None, what: str,
                     h: dict[str, int] | None = None, start: str | None = None) -> None:
         """Log the loss once per generation; mark it in Redis and restore today's count."""
-        decision = self.gate.recover(pool, gen, seen.day if seen else 0, seen.today if seen else 0,
-                                     seen.carry_day if seen else 0, seen.carry if seen else 0,
-                                     seen.inflight if seen else 0)
+        s = seen or Checkpoint(0, 0, 0)  # nothing seen: nothing to restore
+        decision = self.gate.recover(pool, gen, s.day, s.today, s.carry_day, s.carry, s.inflight)
         if (pool, gen) in self._reported or decision.reason != "recovered":
             return
         self._reported.add((pool, gen))

@@ -186,6 +186,12 @@ def _burst_before_wipe(seed: int, scenario: dict[str, object]) -> None:
                     "max_tokens": size // 5 + 100, "duration_seconds": rng.choice([2, 5, 20]), **counts})
 
 
+def _in_fifteen_percent(name: str) -> random.Random | None:
+    """A generator's own draws for 15% of the seeds, None for the rest."""
+    rng = random.Random(name)
+    return None if rng.random() < 0.85 else rng
+
+
 def _pool_counting(traffic: list[dict[str, object]]) -> dict[str, object]:
     """The counting keys of the pool's lines (one deployment: one method), for a line added."""
     return {k: traffic[0][k] for k in ("counting", "estimate_ratio", "exact_ratio") if k in traffic[0]}
@@ -224,8 +230,8 @@ def _long_requests(seed: int, scenario: dict[str, object]) -> None:
     day that wants more than its cap: a reservation counted whole at its deadline on one day
     while Ark collects it on the next burned 552,000 tokens (a red-team pass, stop 32). Half of
     them crash the proxy process mid-call (`crash_at`)."""
-    rng = random.Random(f"long-{seed}")
-    if rng.random() < 0.85:
+    rng = _in_fifteen_percent(f"long-{seed}")
+    if rng is None:
         return
     traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
     counts = _pool_counting(traffic)
@@ -247,8 +253,8 @@ def _given_up(seed: int, scenario: dict[str, object]) -> None:
     Beijing midnight, given up on after 30 s-5 min, then a day that wants more than its cap.
     Kept whole but counted only on the day it was given up on, such a call burned the next day
     (32,016 in a red-team pass)."""
-    rng = random.Random(f"given-up-{seed}")
-    if rng.random() < 0.85:
+    rng = _in_fifteen_percent(f"given-up-{seed}")
+    if rng is None:
         return
     traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
     counts = _pool_counting(traffic)

@@ -1,9 +1,10 @@
 -- ARGV: now_ms ('' = server TIME), generation (the hist_at the caller saw the state created
 -- with), Beijing day and today's usage (in-flight included) a process last saw in the lost
 -- generation; then ('' = none) the Beijing day that process saw usage carried to, how much
--- (calls Ark may bill after midnight), and its calls in flight (at the miscount ceiling).  Marks the pool's state as lost (not a first start) and
--- raises today's usage to that checkpoint if it is of today, and the carry: the count the wipe
--- took is not started again from 0, nor the next day's.
+-- (calls Ark may bill after midnight), and its calls in flight (at the miscount ceiling).
+-- Marks the pool's state as lost (not a first start) and raises today's usage to that
+-- checkpoint if it is of today, and the carry: the count the wipe took is not started again
+-- from 0, nor the next day's.
 local now = read_now(ARGV[1])
 if not now then return err('bad_time', 'now must be empty or ms since the epoch') end
 local gen, day, seen = int_arg(ARGV[2], 1, MAX_TIME), int_arg(ARGV[3], 0, MAX_TIME), int_arg(ARGV[4], 0, MAX_AMOUNT)
