@@ -91,6 +91,9 @@ class LimitState:
     anchor_free_total: int | None = None
     anchor_ms: int = 0
     anchor_unsure: int = 0  # of the usage at the anchor, what was counted without a measurement
+    # What the anchor may hold that the API had not settled when it was taken: our usage in the
+    # Δ_assumed before the quiet began (see `_anchor_margin`); kept off the free total.
+    anchor_margin: int = 0
     # The lowest `balance + our usage + in flight` any sync saw: F can only be lower, so
     # the API cannot have settled more than it less the balance. Only the lag observer reads it.
     upper_free_total: int | None = None
@@ -127,6 +130,7 @@ class LimitState:
             anchor_free_total=optional_int(raw.get("anchor_free_total")),
             anchor_ms=int(raw.get("anchor_ms") or 0),
             anchor_unsure=int(raw.get("anchor_unsure") or 0),
+            anchor_margin=int(raw.get("anchor_margin") or 0),
             upper_free_total=optional_int(raw.get("upper_free_total")),
             lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
@@ -160,6 +164,16 @@ class UsageView:
         """Usage recorded up to the last complete minute before `ms` (never more than at `ms`)."""
         i = bisect.bisect_right(self.minutes, (ms // MINUTE_MS - 1, float("inf")))
         return self.minutes[i - 1][1] if i else self.floor
+
+    def last_change_ms(self) -> int | None:
+        """End (ms) of the last minute our usage grew in; None where the read shows none."""
+        before = self.floor
+        last = None
+        for minute, used in self.minutes:
+            if used > before:
+                last = (minute + 1) * MINUTE_MS
+            before = used
+        return last
 
     def first_reaching(self, tokens: int) -> int | None:
         """Start (ms) of the first minute whose recorded usage (a reservation kept whole counted
@@ -276,8 +290,9 @@ def compute_limit(
     quiet = (usage.inflight == 0 and history_ms >= quiet_ms and state.unseen_ref is None
              and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage and (seen or proven))
     if quiet:
+        margin = _anchor_margin(usage, assumed_lag_ms(probe, now_ms, lag_floor_ms), floor)
         state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms,
-                        anchor_unsure=unsure_now)
+                        anchor_unsure=unsure_now, anchor_margin=margin)
     # Where no quiet stretch gave an exact anchor, the lowest upper bound of F still places a
     # lower bound of the lag (a long lag must be seen before a lost state trusts Δ_assumed).
     upper = balance + usage.lifetime_usage + usage.inflight
@@ -337,6 +352,13 @@ def compute_limit(
     # The anchor is exact (nothing was unsettled when it was taken); the lag-compensated
     # estimates undershoot by the traffic between Δ_assumed and the true lag.
     free_total = lowest if state.anchor_free_total is None else state.anchor_free_total
+    if state.anchor_free_total is not None and state.anchor_margin:
+        # What the API has settled is at least the floor, so the anchor is high by at most what
+        # it says was settled beyond that: the margin shrinks as the floor proves the rest.
+        proof = None if floor is None else max(0, state.anchor_free_total - balance - floor)
+        margin = state.anchor_margin if proof is None else min(state.anchor_margin, proof)
+        state = replace(state, anchor_margin=margin)
+        free_total -= margin
     unseen = 0
     if state.unseen_ref is not None:
         # Young: F = the first balance less what was unseen and unsettled then, whatever the lag.
@@ -403,6 +425,23 @@ def _young_ends(state: LimitState, balance: int, usage: UsageView, now_ms: int,
     bound = state.unseen_ref - unseen_tokens
     lowest = bound if state.lowest_free_total is None else min(state.lowest_free_total, bound)
     return replace(state, unseen_ref=None, lowest_free_total=lowest, anchor_free_total=None, lags=lags)
+
+
+def _anchor_margin(usage: UsageView, lag_ms: int, floor: int | None) -> int:
+    """How much of our usage a quiet anchor may count as settled that the API has not settled.
+
+    Quiet proves nothing about a lag incident that began within Δ of the traffic stopping: the
+    API's settled-through point froze before our last minutes, and with no traffic since no lag
+    can be read (an incident five minutes after the stop anchored 90,000 high and billed 39,000,
+    red-team, stop 35). Under Δ_assumed the API had settled everything up to Δ_assumed before
+    the last usage, so at most what ran after that is missing; and never more than our usage
+    beyond the settled floor (which makes the margin 0 once a long night has proven the floor).
+    """
+    last = usage.last_change_ms()
+    before = None if last is None else usage.usage_before(last - lag_ms)
+    bounds = [usage.lifetime_usage - b for b in (before, floor) if b is not None]
+    # Never more than all of it: the anchor less our usage is the balance, which lags low.
+    return max(0, min(usage.lifetime_usage, *bounds))
 
 
 def _lag_behind(usage: UsageView, settled: int, since_ms: int, now_ms: int) -> int | None:

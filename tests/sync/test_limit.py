@@ -46,7 +46,7 @@ def test_0812_v4_false_block_numbers_give_headroom():
 
 def test_quiet_stretch_anchors_the_exact_free_total_and_observes_the_lag():
     """After a quiet anchor, the balance locates the API's settled-through point: a 30-min lag is seen."""
-    quiet = usage({300: 100_000, 1: 100_000}, lifetime=100_000)
+    quiet = usage({600: 100_000, 300: 100_000, 1: 100_000}, lifetime=100_000)  # quiet for 10 h
     first = limit([PackageView("p1", 1_900_000, None)], quiet)
     assert first.state.anchor_free_total == 2_000_000
     # 60 minutes of steady traffic, 10k per minute; the API has settled only up to 30 minutes ago.
@@ -61,6 +61,37 @@ def test_quiet_stretch_anchors_the_exact_free_total_and_observes_the_lag():
     assert assumed_lag_ms(r.state, later, FLOOR) >= 35 * MIN
     # The anchor is exact; the lag-compensated estimate (1.6M + U(t - 37 min)) undershoots it.
     assert r.free_total == 2_000_000 and r.state.lowest_free_total < 2_000_000
+
+
+def test_a_quiet_anchor_keeps_the_last_minutes_off_until_the_floor_proves_them():
+    """Traffic stops at T - 130 min and a lag incident freezes the API five minutes later, before
+    it settled the last 14 minutes (red-team, stop 35: billed 39,000). Quiet for two hours the
+    anchor is taken, but the usage in the Δ_assumed (20 min) before the stop stays off the free
+    total; the floor that an 8-hour-old timeline proves releases it."""
+    points = {ago: 100_000 + min(60, 190 - ago) * 10_000 for ago in range(130, 191)}
+    points[1] = 700_000
+    view = usage(points, lifetime=700_000)
+    settled = 100_000 + 46 * 10_000  # through T - 144 min
+    packages = [PackageView("p1", 2_000_000 - settled, None)]
+    r = limit(packages, view)
+    assert r.state.anchor_free_total == 2_000_000 + 140_000  # high by the 14 unsettled minutes
+    assert r.state.anchor_margin == 200_000  # the 20 minutes before the stop
+    assert r.free_total == 1_940_000 <= 2_000_000
+    # Eight hours on, still quiet: the aged floor is all our usage, so nothing can be unsettled.
+    later = T + 8 * 60 * MIN
+    r2 = limit([PackageView("p1", 1_300_000, None)], view, state=r.state, now=later)
+    assert r2.state.anchor_margin == 0 and r2.free_total == 2_000_000
+
+
+def test_a_quiet_anchor_after_a_proven_floor_keeps_no_margin():
+    """A floor already at our usage (the chain of what the packages lost since a quiet night)
+    proves the API settled everything: the anchor is exact and nothing is kept off."""
+    state = LimitState(packages=(("p1", 1_500_000),), last_sync_ms=T - 30 * MIN, settled_floor=400_000)
+    points = {ago: 400_000 + min(20, 160 - ago) * 5_000 for ago in range(140, 161)}
+    points[1] = 500_000
+    r = limit([PackageView("p1", 1_400_000, None)], usage(points, lifetime=500_000), state=state)
+    assert r.state.anchor_free_total == 1_900_000
+    assert r.state.anchor_margin == 0 and r.free_total == 1_900_000
 
 
 def test_a_lag_is_observed_without_a_quiet_stretch():

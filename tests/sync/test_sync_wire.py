@@ -55,7 +55,9 @@ def test_package_expiring_mid_day_with_balance_left_does_not_bill(make_world):
     t = w.totals()
     assert (t.billed, t.burned) == (0, 0)
     assert t.expired == 220_000  # the old package did expire with tokens left (the consume task's job)
-    assert w.served >= 180_000 + 600_000 - 60_000
+    # The quiet anchor after the pool ran out keeps 23,000 off: what the expired package settled
+    # in its last 14-min lag window, which no balance shows, so the settled floor cannot prove it.
+    assert w.served >= 180_000 + 600_000 - 90_000
 
 
 def test_return_package_at_1030_lifts_the_limit_and_un_evicts(make_world):

@@ -126,6 +126,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _burst_before_wipe(seed, out)
     _long_requests(seed, out)
     _given_up(seed, out)
+    _incident_after_stop(seed, out)
     return out
 
 
@@ -264,6 +265,55 @@ def _given_up(seed: int, scenario: dict[str, object]) -> None:
     traffic[-1]["gives_up_after_seconds"] = rng.randint(30, 300)  # drawn after the line's sizes
     if scenario.get("days") != 2:  # the eleventh generator may have asked for the next day already
         _day_two_over_cap(rng, scenario, counts)
+
+
+def _incident_after_stop(seed: int, scenario: dict[str, object]) -> None:
+    """A lag incident that begins within the API's lag after a busy stretch of 1-2 hours stops,
+    from a generator of its own (stop 36), on a day 1 with no other traffic: the API froze before
+    it settled the last minutes and the quiet shows no lag to read, so an anchor taken two hours
+    on is high; traffic resuming 2-4 hours after the stop would spend the pool 1-2 times over,
+    under a daily cap out of its way (a red-team scenario billed 39,000 that way, stop 35)."""
+    rng = _in_fifteen_percent(f"incident-after-stop-{seed}")
+    if rng is None or "lag_changes" in scenario:
+        return
+    span, resume_after, resume_span = rng.randint(60, 120), rng.randint(120, 240), rng.randint(60, 120)
+    # The busy stretch starts with the run, on an account busy until then, so every sync sees
+    # usage unsettled and the upper bound of the free total is never tight enough to read a lag.
+    begin = _first_minute(scenario) - 1
+    stop = begin + span
+    if stop + resume_after + resume_span >= 24 * 60:
+        return
+    # The quiet must be quiet: the seed's day-1 lines go (its day-2 lines stay).
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    counts = _pool_counting(traffic)
+    traffic[:] = [line for line in traffic if line.get("day") == 2]
+    lag = max(5, int(str(scenario["settlement_lag_minutes"])))
+    scenario["settlement_lag_minutes"] = lag
+    requests = min(150, span * rng.randint(1, 3))
+    rate = _log_uniform(rng, 10_000, 60_000)  # tokens a minute
+    size = max(500, rate * span // requests)
+    traffic.append({"from": _hhmm(begin), "to": _hhmm(stop), "every_seconds": round(span * 60 / requests, 1),
+                    "prompt": size * 4 // 5, "completion": size // 5, "max_tokens": size // 5 + 100,
+                    "duration_seconds": rng.choice([5, 20, 60]), **counts})
+    packages: list[dict[str, object]] = scenario["packages"]  # type: ignore[assignment]
+    free = sum(int(str(p["amount"])) for p in packages)
+    scenario["daily_cap"] = max(int(str(scenario["daily_cap"])), 3 * free)
+    start = datetime.fromisoformat(str(scenario["start"]))
+    held = sum(int(str(p["amount"])) for p in packages if datetime.fromisoformat(str(p["acquired"])) <= start)
+    if begin and held >= 3_000 and rng.random() < 0.5:  # within the free balance (else the old setup billed)
+        scenario["prior_usage"] = {"tokens": max(1_000, min(rate * min(lag, 30), held // 3, 180_000)),
+                                   "minutes": min(lag, 30)}
+    requests = rng.randint(100, 200)
+    size = max(500, int(free * rng.uniform(1.0, 2.0) / requests))
+    resume = stop + resume_after
+    traffic.append({"from": _hhmm(resume), "to": _hhmm(resume + resume_span),
+                    "every_seconds": round(resume_span * 60 / requests, 1), "prompt": size * 4 // 5,
+                    "completion": size // 5, "max_tokens": size // 5 + 100,
+                    "duration_seconds": rng.choice([5, 20]), **counts})
+    incident = stop + rng.randint(0, min(15, lag - 1))
+    scenario["lag_changes"] = [
+        {"at": _hhmm(incident), "minutes": _log_uniform(rng, 120, 480)},
+        {"at": _hhmm(min(24 * 60 - 1, incident + rng.randint(180, 480))), "minutes": lag}]
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:
