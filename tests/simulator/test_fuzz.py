@@ -26,20 +26,24 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     behind (all run long, or an incident on day 1 that ends; half of those with a line nobody
     reports usage for), and first starts after more unseen usage than SMALL_BUFFER under a lag
     longer than the floor, and wipes seconds after a burst the last poll did not see, and calls
-    the proxy gives up on before midnight while Ark runs them on."""
+    the proxy gives up on before midnight while Ark runs them on, and lag incidents of hours
+    beginning minutes after a busy stretch stops."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
             "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
             "missing_wave": 0, "ark_api": 0, "ark_api_wave": 0, "long_lag": 0, "lag_incident": 0,
             "busy_first_start": 0, "unreported_under_lag": 0, "burst_before_wipe": 0, "crash": 0,
-            "given_up": 0}
+            "given_up": 0, "incident_after_stop": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
         lags.add(s.settlement_lag_minutes)
         seen["long_lag"] += s.settlement_lag_minutes > 45
         seen["lag_incident"] += any(c.minutes >= 60 for c in s.lag_changes)
+        seen["incident_after_stop"] += any(
+            c.minutes >= 120 and line.to is not None and 0 <= c.at - line.to <= 15 * 60_000
+            for c in s.lag_changes for line in s.traffic)
         seen["unreported_under_lag"] += (s.settlement_lag_minutes > 45 or bool(s.lag_changes)) \
             and any(line.usage == "missing" for line in s.traffic)
         seen["two_days"] += s.days == 2
