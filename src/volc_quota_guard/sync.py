@@ -280,20 +280,38 @@ class SyncService:
         next_at = min(next_at, started + max(MINUTE_MS, (self.cfg.snapshot_max_age_minutes - 1) * MINUTE_MS))
         meta = self.records.sync_meta(account)
         gens: dict[str, str | int] = {}
+        failed: list[str] = []
         for spec in specs:
             pooled = assignment.pools[spec.pool]
             views = _views(pooled.packages)
             try:
-                result, decision = self._sync_pool(spec.pool, views, started, meta)
+                try:
+                    result, decision = self._sync_pool(spec.pool, views, started, meta)
+                except GateError as exc:
+                    if exc.code != "generation":
+                        raise
+                    # The store lost the state (or another process replaced it) after this sync
+                    # read it: computed for a generation that is gone, the snapshot was refused.
+                    # Again from the top, the state this sync creates is lost state (held, recovered).
+                    log.warning("⚠️ [Sync] %s: the pool's state changed during the sync (%s); syncing "
+                                "it again", spec.pool, exc)
+                    result, decision = self._sync_pool(spec.pool, views, started, meta)
             except GateError as exc:
-                if exc.code != "generation":
-                    raise
-                # The store lost the state (or another process replaced it) after this sync
-                # read it: computed for a generation that is gone, the snapshot was refused.
-                # Again from the top, the state this sync creates is lost state (held, recovered).
-                log.warning("⚠️ [Sync] %s: the pool's state changed during the sync (%s); syncing "
-                            "it again", spec.pool, exc)
-                result, decision = self._sync_pool(spec.pool, views, started, meta)
+                if exc.code == "older_listing":
+                    # This listing stalled past the lock and another process synced since: its
+                    # balance may be one that process already saw spent. Theirs stands.
+                    log.warning("⚠️ [Sync] %s: a later billing listing's snapshot is installed; this "
+                                "one (begun %d s ago) is dropped", spec.pool,
+                                (self.now_ms() - started) // 1000)
+                    continue
+                # One pool's snapshot the gate refuses must not stop the account's other pools;
+                # this one keeps its snapshot until it goes stale (then it gets no headroom).
+                metrics.sync_failed(account, exc)
+                log.error("❌ [Sync] %s: the gate refused the snapshot (%s); the other pools went on; "
+                          "retrying in a minute", spec.pool, exc)
+                failed.append(f"{spec.pool}: {exc.code}")
+                next_at = min(next_at, started + RETRY_MS)
+                continue
             results.append(result)
             gens[f"gen:{spec.pool}"] = self.checkpoints[spec.pool].generation \
                 if spec.pool in self.checkpoints else result.history_start_ms
@@ -307,7 +325,8 @@ class SyncService:
         for miss in assignment.unmatched:
             log.debug("[Sync] %s: package %s not used (%s)", account, miss.package.instance_no, miss.reason)
         record: dict[Any, Any] = {
-            "next_at": next_at, "last_at": started, "last_ok_at": started, "last_error": "",
+            "next_at": next_at, "last_at": started, "last_ok_at": started,
+            "last_error": "; ".join(failed),
             "usage_total": self.records.lifetime_usage(s.pool for s in specs),
             "api_packages": len(packages), "why": why}
         self.records.write_sync_meta(account, record | gens)
@@ -354,7 +373,7 @@ class SyncService:
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,
                            unseen_day_tokens=cfg.unseen_day_tokens,
-                           generation=history_start if exists else 0)
+                           generation=history_start if exists else 0, listed_at_ms=now)
         decision = self.gate.install_snapshot(pool, snapshot)
         h = self.gate.history(pool)
         gen = (h or {}).get("hist_at") or history_start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import redis
@@ -416,3 +417,17 @@ def test_a_process_keeps_its_latest_answer_per_generation(gate, client, keyspace
     third = wipe_and_start_over(T0 + 120_000)
     assert gate.sighting(POOL, first) is None
     assert gate.sighting(POOL, second) is not None and gate.sighting(POOL, third) is not None
+
+
+def test_a_snapshot_from_an_older_listing_is_refused(gate, clock):
+    """A sync whose listing stalled past its lock must not install a balance a later sync saw
+    spent (red-team stop 37: the older listing reopened a pool at 0 and billed 100,000)."""
+    listed = clock.now_ms()
+    gate.install_snapshot(POOL, replace(snap(clock, balance=0), listed_at_ms=listed))
+    with pytest.raises(GateError) as exc:
+        gate.install_snapshot(POOL, replace(snap(clock, balance=200_000), listed_at_ms=listed - 90_000))
+    assert exc.value.code == "older_listing"
+    assert gate.reserve(POOL, "r1", 100).reason == "balance_wall"  # the later one still stands
+    gate.install_snapshot(POOL, replace(snap(clock, balance=200_000), listed_at_ms=listed))  # same: fine
+    gate.install_snapshot(POOL, snap(clock, balance=300_000))  # by hand (no listing): always
+    assert gate.reserve(POOL, "r2", 100).reason == "admitted"

@@ -30,7 +30,7 @@ STATE_FIELDS = ["balance", "settled", "expiring", "buffer", "cap", "valid_until"
                 "evicted_until", "tl_floor", "snap_seq", "corr", "corr_at", "corr_n", "corr_min",
                 "corr_max", "inflight_est", "inflight_est_res", "dr_day", "dr_chain", "dr_from",
                 "dr_best", "dr_ucum", "unsure", "xcorr", "xcorr_at", "xcorr_n", "inflight_xest",
-                "inflight_xest_res", "carry_day", "carry"]
+                "inflight_xest_res", "carry_day", "carry", "listed_at"]
 
 amounts = st.integers(min_value=1, max_value=200_000)
 bad_amounts = st.sampled_from([-1, 0, 1.5, 10**12, "12abc", ""])
@@ -91,9 +91,10 @@ class GateVersusModel(RuleBasedStateMachine):
           validity_min=st.integers(5, 600), evict_below=st.integers(0, 5_000),
           corr_min=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM),
           day=st.none() | st.tuples(st.none() | st.integers(0, 3_000_000),
-                                    st.integers(0, 2 * 86_400_000), st.none() | st.floats(0.0, 1.0)))
+                                    st.integers(0, 2 * 86_400_000), st.none() | st.floats(0.0, 1.0)),
+          listed_ago=st.none() | st.integers(0, 3_600_000))
     def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below,
-                 corr_min, corr_extra, day=None):
+                 corr_min, corr_extra, day=None, listed_ago=None):
         # The day's count: the API's step since a sync up to two days back, and a lifetime
         # usage counted a reconcile lag ago (up to today's).
         step, since_ago, from_frac = day if day is not None else (None, 0, None)
@@ -102,7 +103,8 @@ class GateVersusModel(RuleBasedStateMachine):
                         self.now + validity_min * 60_000, evict_below,
                         correction_min_ppm=corr_min, correction_max_ppm=corr_min + corr_extra,
                         day_step=step, day_since_ms=max(0, self.now - since_ago),
-                        day_from=None if from_frac is None else int((p.ucum if p else 0) * from_frac))
+                        day_from=None if from_frac is None else int((p.ucum if p else 0) * from_frac),
+                        listed_at_ms=0 if listed_ago is None else self.now - listed_ago)
         self.both(lambda: self.gate.install_snapshot(pool, snap),
                   lambda: self.model.install_snapshot(pool, snap, self.now))
         self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh

@@ -180,12 +180,23 @@ def test_a_bad_amount_on_a_token_package_is_malformed(quiet_fake: FakeVolcengine
         client_for(quiet_fake).list_resource_packages()
 
 
+@pytest.mark.parametrize("amount", ["-5000", -1, "2000000000000000"])
+def test_a_token_amount_no_gate_can_hold_is_malformed(quiet_fake: FakeVolcengine, amount: object) -> None:
+    """A negative balance or one beyond 10^15 fails the listing naming the package (red-team
+    stop 37: it reached the gate, which refused it, and the account's other pools never synced)."""
+    quiet_fake.add_raw_package("acct-a", {"InstanceNo": "T9", "Unit": "Tokens",
+                                          "AvailableAmount": amount, "TotalAmount": "1000"})
+    with pytest.raises(BillingMalformed, match="T9.*out of range"):
+        client_for(quiet_fake).list_resource_packages()
+
+
 def test_parse_amount_rounds_toward_less_balance() -> None:
-    """Fractions round down (never up) and non-numbers are ValueErrors."""
+    """Fractions round down (never up); non-numbers, negative balances and amounts beyond the
+    gate's 10^15 are ValueErrors (a token package's make the listing BillingMalformed)."""
     assert parse_amount("10.999") == 10
     assert parse_amount("5E+5") == 500_000
-    assert parse_amount("-0.5") == -1
-    for bad in ("", "NaN", "Infinity", "1,000"):
+    assert parse_amount("1E+15") == 10**15
+    for bad in ("", "NaN", "Infinity", "1,000", "-0.5", "-5000", "2E+15"):
         with pytest.raises(ValueError):
             parse_amount(bad)
 

@@ -65,6 +65,7 @@ class PoolModel:
     evicted_wall: str = ""
     tl_floor: int = 0
     snap_seq: int = 0
+    listed_at: int = 0
     corr: int = 0  # the peak measured ratio (ppm), 0 = none yet
     corr_at: int = 0
     corr_n: int = 0
@@ -419,12 +420,17 @@ class GateModel:
         p = self.pools.get(pool)
         if not _is_int(s.generation, 0, MAX_TIME):
             raise GateError("bad_amount", "generation must be a non-negative integer")
+        if not _is_int(s.listed_at_ms, 0, MAX_TIME):
+            raise GateError("bad_time", "listed_at must be empty or ms since the epoch")
+        if s.listed_at_ms and p is not None and p.listed_at > s.listed_at_ms:
+            raise GateError("older_listing", "a snapshot from a later billing listing is installed")
         if s.generation and (p is None or max(p.hist_at, 1) != s.generation):
             raise GateError("generation", "the pool state is not the generation this snapshot was "
                                           "computed from")
         if p is None:
             p = self.pools[pool] = PoolModel(day=beijing_day(now), hist_at=now)
         p.housekeep(now)
+        p.listed_at = max(p.listed_at, s.listed_at_ms)
         p.snap_at, p.balance, p.expiring, p.buffer, p.cap = (
             now, s.balance, s.expiring, s.small_buffer, s.daily_cap)
         p.valid_until, p.evict_below = s.valid_until_ms, s.evict_below

@@ -150,7 +150,8 @@ class _Args:
                 _num(s.small_buffer), _num(s.daily_cap), _num(s.valid_until_ms), _num(s.evict_below),
                 json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm),
                 _num(s.hold_until_ms) if s.hold_until_ms else "", _num(s.hold_cap),
-                _num(s.unseen_day_tokens), *_day_args(s), _num(s.generation)]
+                _num(s.unseen_day_tokens), *_day_args(s), _num(s.generation),
+                _num(s.listed_at_ms)]
 
     def recover(self, generation: int, day: int, seen_today: int, carry_day: int = 0,
                 carry: int = 0, inflight: int = 0) -> list[str]:

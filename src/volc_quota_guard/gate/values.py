@@ -103,6 +103,9 @@ class Snapshot:
     # it into another generation (the store lost its data after the sync read the state) is
     # refused (`generation`): the sync must take the lost-state path instead.
     generation: int = 0
+    # When the billing listing this snapshot was computed from began (gate clock, ms; 0 = by
+    # hand). One from an older listing than the installed one's is refused (`older_listing`).
+    listed_at_ms: int = 0
 
 
 @dataclass(frozen=True)

@@ -147,15 +147,22 @@ def classify_error(exc: BaseException, account: str = "?") -> BillingError:
 # ---------------------------------------------------------------------- parsing
 
 
+MAX_TOKENS = 10**15  # the gate's bound on any amount; a package beyond it is not a real one
+
+
 def parse_amount(text: object) -> int:
-    """A decimal string → whole tokens, rounded down. ValueError when it is not a number."""
+    """A decimal string → whole tokens, rounded down. ValueError when it is not a number or not
+    within 0..10^15 (a negative balance or an absurd one is no reading to spend by)."""
     try:
         value = Decimal(str(text).strip())
     except InvalidOperation:
         raise ValueError(f"not a number: {text!r}") from None
     if not value.is_finite():
         raise ValueError(f"not a finite number: {text!r}")
-    return int(value.to_integral_value(rounding=ROUND_FLOOR))
+    tokens = int(value.to_integral_value(rounding=ROUND_FLOOR))
+    if not 0 <= tokens <= MAX_TOKENS:
+        raise ValueError(f"out of range 0..{MAX_TOKENS:.0e}: {text!r}")
+    return tokens
 
 
 def parse_time_ms(text: str | None) -> int | None:

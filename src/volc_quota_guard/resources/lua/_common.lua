@@ -68,6 +68,8 @@ local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buf
   -- The exact-count class (reserve's 'exact'): its peak ratio, when and how often measured, and
   -- the in-flight sums of its estimated and reserved input (the fields above are the cheap class).
   'xcorr', 'xcorr_at', 'xcorr_n', 'inflight_xest', 'inflight_xest_res',
+  -- When the billing listing behind the installed snapshot began (snapshot.lua: none older).
+  'listed_at',
   -- Expired reservations (a dead process's calls) that Ark may bill on Beijing day carry_day;
   -- and what a lost generation carried to lost_carry_day (recover.lua: a wipe lost it).
   'carry_day', 'carry', 'lost_carry_day', 'lost_carry'}

@@ -7,7 +7,10 @@
 -- consumption the API settled since the previous sync at most ('' = not bounded: count from
 -- here), that sync's time (ms, 0 = none) and the guard's lifetime usage a reconcile lag ago;
 -- then the generation (hist_at) the snapshot was computed from ('' or 0 = a new state): another
--- generation, or none, is an error ('generation') and nothing is written.
+-- generation, or none, is an error ('generation') and nothing is written; then when the billing
+-- listing it was computed from began ('' or 0 = unordered: a snapshot by hand): older than the
+-- installed one's is an error ('older_listing') and nothing is written — a sync that stalled past
+-- its lock must not put back a balance a later sync already saw spent.
 -- Installs the pool's snapshot, all of it in one
 -- step; counters (and what the correction learned) are kept. The call that creates the state
 -- stamps where the pool's history begins (hist_at, also its generation).
@@ -48,7 +51,12 @@ since = since or 0
 
 local expect = optional(18, MAX_TIME)
 if expect == false then return err('bad_amount', 'generation must be a non-negative integer') end
+local listed = optional(19, MAX_TIME)
+if listed == false then return err('bad_time', 'listed_at must be empty or ms since the epoch') end
 local st = load()
+if listed and listed > 0 and st.exists and st.listed_at > listed then
+  return err('older_listing', 'a snapshot from a later billing listing is installed')
+end
 if expect and expect > 0 and (not st.exists or math.max(st.hist_at, 1) ~= expect) then
   return err('generation', 'the pool state is not the generation this snapshot was computed from')
 end
@@ -64,6 +72,7 @@ st.snap_at, st.balance, st.expiring, st.buffer, st.cap, st.valid_until, st.evict
   now, v[2], v[4], v[5], v[6], v[7], v[8]
 st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been settled
 st.snap_seq = st.snap_seq + 1
+st.listed_at = math.max(st.listed_at, listed or 0)
 st.hold_until, st.hold_cap = hold_until, hold_cap
 st.corr_min, st.corr_max = corr_min, corr_max
 st.k, st.kx = correction(st, now), xcorrection(st, now)
