@@ -290,7 +290,9 @@ def compute_limit(
     quiet = (usage.inflight == 0 and history_ms >= quiet_ms and state.unseen_ref is None
              and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage and (seen or proven))
     if quiet:
-        margin = _anchor_margin(usage, assumed_lag_ms(probe, now_ms, lag_floor_ms), floor)
+        blind = None if state.upper_free_total is None or floor is None \
+            else state.upper_free_total - balance - floor
+        margin = _anchor_margin(usage, assumed_lag_ms(probe, now_ms, lag_floor_ms), floor, blind)
         state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms,
                         anchor_unsure=unsure_now, anchor_margin=margin)
     # Where no quiet stretch gave an exact anchor, the lowest upper bound of F still places a
@@ -427,7 +429,7 @@ def _young_ends(state: LimitState, balance: int, usage: UsageView, now_ms: int,
     return replace(state, unseen_ref=None, lowest_free_total=lowest, anchor_free_total=None, lags=lags)
 
 
-def _anchor_margin(usage: UsageView, lag_ms: int, floor: int | None) -> int:
+def _anchor_margin(usage: UsageView, lag_ms: int, floor: int | None, blind: int | None) -> int:
     """How much of our usage a quiet anchor may count as settled that the API has not settled.
 
     Quiet proves nothing about a lag incident that began within Δ of the traffic stopping: the
@@ -436,12 +438,21 @@ def _anchor_margin(usage: UsageView, lag_ms: int, floor: int | None) -> int:
     red-team, stop 35). Under Δ_assumed the API had settled everything up to Δ_assumed before
     the last usage, so at most what ran after that is missing; and never more than our usage
     beyond the settled floor (which makes the margin 0 once a long night has proven the floor).
+
+    Nor does "the last usage" bound it when the lag observer was blind: it reads a lag only where
+    the API settled less than the upper bound of F says, so a freeze hiding less than that
+    bound's slack goes unseen whenever it began — one straggler after the batch moved the
+    window off the frozen minutes and billed 115,000 (red-team, stop 37, after a busy first
+    start). The slack is at most `blind` (the upper bound less the floor's lower bound of F):
+    the margin keeps at least that much.
     """
     last = usage.last_change_ms()
     before = None if last is None else usage.usage_before(last - lag_ms)
-    bounds = [usage.lifetime_usage - b for b in (before, floor) if b is not None]
+    since_last = None if before is None else usage.lifetime_usage - before
+    wanted = max([m for m in (since_last, blind) if m is not None], default=usage.lifetime_usage)
+    beyond_floor = usage.lifetime_usage if floor is None else usage.lifetime_usage - floor
     # Never more than all of it: the anchor less our usage is the balance, which lags low.
-    return max(0, min(usage.lifetime_usage, *bounds))
+    return max(0, min(usage.lifetime_usage, beyond_floor, wanted))
 
 
 def _lag_behind(usage: UsageView, settled: int, since_ms: int, now_ms: int) -> int | None:
