@@ -89,7 +89,10 @@ def data_url_size(url: str) -> tuple[int, int] | None:
 
 
 def _png(b: bytes) -> tuple[int, int] | None:
-    if b[:8] == b"\x89PNG\r\n\x1a\n" and len(b) >= 24:
+    """The size in IHDR, which must be the first chunk; a PNG with another chunk first is sized
+    as unreadable (the most Ark bills): a decoder that looks past it for IHDR would bill that
+    size, and the bytes where IHDR belongs said 1x1 (red-team, stop 37)."""
+    if b[:8] == b"\x89PNG\r\n\x1a\n" and len(b) >= 24 and b[12:16] == b"IHDR":
         w, h = struct.unpack(">II", b[16:24])
         return int(w), int(h)
     return None

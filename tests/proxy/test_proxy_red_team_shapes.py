@@ -7,6 +7,7 @@ import base64
 import io
 import re
 import struct
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -184,6 +185,32 @@ def test_a_gif_frame_larger_than_its_screen_is_reserved_at_the_frame_size(px: Pr
     line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
     assert int(re.search(r"reserved=(\d+)", line).group(1)) >= 10 * 5_103, line  # type: ignore[union-attr]
 
+
+def png_with_a_chunk_before_ihdr(side: int) -> bytes:
+    """A PNG Pillow decodes at side x side whose first chunk is an unknown one holding 1 and 1
+    where IHDR's width and height belong."""
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side)).save(buf, "PNG")
+    raw, decoy = buf.getvalue(), struct.pack(">II", 1, 1)
+    chunk = struct.pack(">I", len(decoy)) + b"vqGa" + decoy + struct.pack(">I", zlib.crc32(b"vqGa" + decoy))
+    return raw[:8] + chunk + raw[8:]
+
+
+def test_a_png_with_a_chunk_before_ihdr_is_reserved_at_the_most(px: Proxy) -> None:
+    """The guard read the size where IHDR belongs (1x1: 1 token an image) and the fake refused
+    the image, hiding the bill (red-team, stop 37); Pillow finds IHDR past the chunk, so the fake
+    bills that size (Ark's formula: 5,120 each, high) and the guard reserves the most."""
+    data = png_with_a_chunk_before_ihdr(3000)
+    assert Image.open(io.BytesIO(data)).size == (3000, 3000)
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    images = [{"type": "image_url", "image_url": {"url": url, "detail": "high"}} for _ in range(10)]
+    before = px.fake.pool_totals(IMAGES[0]).consumed
+    r = post(px, "/v1/chat/completions", {"model": "rt1-img", "max_tokens": 20, "messages": [
+        {"role": "user", "content": [*images, {"type": "text", "text": "hi [[fake completion=5]]"}]}]})
+    assert r.status_code == 200, r.text[:300]
+    assert px.fake.pool_totals(IMAGES[0]).consumed - before >= 10 * 5_120
+    line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
+    assert int(re.search(r"reserved=(\d+)", line).group(1)) >= 10 * 5_120, line  # type: ignore[union-attr]
 
 def test_a_stored_response_can_be_read_and_deleted_through_the_proxy(px: Proxy) -> None:
     """GET and DELETE of a stored response bill nothing: they pass, and hold nothing in flight."""

@@ -39,8 +39,8 @@ _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 def image_size(data: bytes) -> tuple[int, int]:
     """(width, height) from a PNG, JPEG, GIF or WebP header; ValueError otherwise."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
-        w, h = struct.unpack(">II", data[16:24])
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        w, h = _png_size(data)
     elif data[:6] in (b"GIF87a", b"GIF89a"):
         w, h = _gif_size(data)
     elif data[:4] == b"RIFF" and data[8:12] == b"WEBP":
@@ -52,6 +52,19 @@ def image_size(data: bytes) -> tuple[int, int]:
     if w <= 0 or h <= 0:
         raise ValueError("the image has no pixels")
     return int(w), int(h)
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    """The first IHDR chunk's size, walking past any chunk before it as a lenient decoder (Pillow)
+    does: the dearer reading of a PNG whose first chunk is not IHDR."""
+    i = 8
+    while i + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[i:i + 8])
+        if kind == b"IHDR" and i + 16 <= len(data):
+            w, h = struct.unpack(">II", data[i + 8:i + 16])
+            return int(w), int(h)
+        i += 12 + length  # length, type, data, CRC
+    raise ValueError("the PNG has no IHDR chunk")
 
 
 def _gif_size(data: bytes) -> tuple[int, int]:
