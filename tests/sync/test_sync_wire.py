@@ -7,7 +7,12 @@ import logging
 import threading
 import time
 
-from sync.conftest import ACCOUNT, MIN, POOL, beijing_ms
+from sync.conftest import ACCOUNT, ENV, MIN, POOL, beijing_ms
+from volc_quota_guard.errors import GateError
+from volc_quota_guard.gate import Gate
+from volc_quota_guard.sync import SyncService
+from volc_quota_guard.volcengine.billing import BillingClient
+from volc_quota_guard.volcengine.packages import PoolSpec
 
 DAY = 86_400_000
 
@@ -235,3 +240,61 @@ def test_a_store_outage_while_deciding_is_a_counted_sync_error(make_world, caplo
     assert "store unreachable" in caplog.text and "unexpected error" not in caplog.text
     assert not any(r.exc_info for r in caplog.records)
     assert errors._value.get() == before + 1
+
+
+def test_a_listing_that_stalled_past_its_lock_does_not_reopen_a_spent_pool(make_world, caplog):
+    """Process 1's listing reads a balance of 200,000, then stalls; meanwhile the package runs dry
+    and process 2's sync closes the pool (billing). Installed late, process 1's older listing
+    reopened the pool and 20 more requests billed 100,000 (red-team, stop 37); it is dropped."""
+    w = make_world("2026-08-13 09:00", lag_minutes=0)
+    w.fake.add_package(POOL, 250_000, acquired_ms=beijing_ms("2026-08-12 10:30"))
+    second = w.service()
+    second.sync_account(ACCOUNT, second.pools())
+    assert w.request(50_000)
+
+    def stalled(account: str) -> BillingClient:
+        real = BillingClient.for_account(account, config=w.cfg, env=ENV, wait_initial=0.01,
+                                         wait_max=0.02, wait_jitter=0.0, attempts=3, page_interval=0)
+
+        class Stalled:
+            def list_resource_packages(self):
+                listing = real.list_resource_packages()  # 200,000 left
+                w.fake.consume(POOL, 250_000)  # outside the proxy: the package runs dry
+                w.clock.advance(2 * MIN)
+                second.sync_account(ACCOUNT, second.pools())  # sees 0: billing, pool closed
+                return listing
+
+        return Stalled()  # type: ignore[return-value]
+
+    first = SyncService(w.cfg, Gate(w.client, w.keyspace, w.clock), lambda: [PoolSpec(POOL)], stalled)
+    with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+        first.sync_account(ACCOUNT, first.pools())
+    assert "a later billing listing's snapshot is installed" in caplog.text
+    billed = w.totals().billed
+    assert billed > 0 and not any(w.request(5_000) for _ in range(20))
+    assert w.totals().billed == billed
+
+
+def test_one_pool_the_gate_refuses_does_not_stop_the_others(make_world, caplog, monkeypatch):
+    """A snapshot the gate refuses for one pool is logged for it; the account's other pools sync,
+    and the account retries within a minute instead of at the interval."""
+    w = make_world("2026-08-13 09:00")
+    other = f"{ACCOUNT}/doubao-seed-1-6-250615"
+    w.fake.add_package(POOL, 500_000, acquired_ms=beijing_ms("2026-08-12 10:30"))
+    w.fake.add_package(other, 500_000, acquired_ms=beijing_ms("2026-08-12 10:30"))
+    svc = SyncService(w.cfg, Gate(w.client, w.keyspace, w.clock), lambda: [PoolSpec(POOL), PoolSpec(other)],
+                      w.service()._lister_for)
+    real = svc.gate.install_snapshot
+
+    def refuse_first(pool, snapshot):
+        if pool == POOL:
+            raise GateError("bad_amount", "snapshot field 1 must be a non-negative integer")
+        return real(pool, snapshot)
+
+    monkeypatch.setattr(svc.gate, "install_snapshot", refuse_first)
+    with caplog.at_level(logging.ERROR, logger="volc_quota_guard.sync"):
+        out = svc.sync_account(ACCOUNT, svc.pools())
+    assert [r.snapshot.balance for r in out.results] == [500_000]  # the other pool's
+    assert f"{POOL}: the gate refused the snapshot" in caplog.text
+    assert int(svc.records.sync_meta(ACCOUNT)["next_at"]) <= w.clock.now_ms() + MIN
+    assert w.gate.status(other).decision.reason != "no_snapshot"
