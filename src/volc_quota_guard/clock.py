@@ -36,6 +36,17 @@ class SystemClock:
         return int(time.time() * 1000)
 
 
+class SkewAlarm:
+    """Why the store's clock is not trusted now (None: it is). The sync thread sets it, the hook
+    refuses while it is set; one per process."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+
+SKEW = SkewAlarm()
+
+
 class ManualClock:
     """A clock that only moves when told to. Thread-safe."""
 

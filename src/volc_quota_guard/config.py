@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     evict_below: int = Field(default=1_000, ge=0, le=10_000_000,
                              description="Headroom under which a pool leaves routing.")
     fail_mode: Literal["closed", "open"] = "closed"
+    max_clock_skew_seconds: float = Field(
+        default=2.0, ge=0.1, le=300.0,
+        description="Redis's clock (the Beijing day, expiries) may differ from this host's by this "
+                    "much; beyond it guarded requests are refused with a 503 until they agree.")
     default_output_tokens: int = Field(
         default=4_096, ge=1, le=10_000_000,
         description="The answer cap pinned when the request sets none (Ark's own max_tokens default); "

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from . import metrics
-from .clock import MINUTE_MS, to_beijing
+from .clock import MINUTE_MS, SKEW, SkewAlarm, to_beijing
 from .config import Settings
 from .errors import BillingAuthError, BillingError, GateError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Decision, Gate
@@ -114,8 +114,10 @@ class SyncService:
         gate: Gate,
         pools: Callable[[], list[PoolSpec]],
         lister_for: Callable[[str], PackageLister] | None = None,
+        alarm: SkewAlarm = SKEW,
     ) -> None:
         self.cfg = cfg
+        self.alarm = alarm
         self.gate = gate
         self.records = gate.records
         self.pools = pools
@@ -131,6 +133,29 @@ class SyncService:
     # -- time and election --------------------------------------------------------------------
     def now_ms(self) -> int:
         return self.gate.now_ms()
+
+    def check_clock(self, host_s: Callable[[], float] | None = None) -> None:
+        """Redis's clock decides every process's Beijing day and what expires when: one that
+        disagrees with this host's counts traffic on the wrong day (a Redis clock 10 minutes fast
+        burned 800,000 past the cap at midnight, red-team stop 37). Which of the two is wrong
+        cannot be told from here, so the hook refuses while they disagree (`SkewAlarm`)."""
+        reading = self.gate.clock_skew_ms(*(() if host_s is None else (host_s,)))
+        if reading is None:
+            return
+        skew, slack = reading
+        limit_ms = self.cfg.max_clock_skew_seconds * 1000
+        if abs(skew) - slack <= limit_ms:
+            if self.alarm.reason is not None:
+                log.warning("✅ [CLOCK] the Redis server's clock agrees with this host's again "
+                            "(%+.3f s): guarded requests are admitted", skew / 1000)
+            self.alarm.reason = None
+            return
+        reason = (f"the Redis server's clock is {skew / 1000:+.1f} s off this host's (more than "
+                  f"VQG_MAX_CLOCK_SKEW_SECONDS={self.cfg.max_clock_skew_seconds:g}): the Beijing "
+                  "day and package expiries cannot be trusted; fix the clock (NTP)")
+        if self.alarm.reason is None:
+            log.critical("⛔ [CLOCK] %s; guarded requests are refused until they agree", reason)
+        self.alarm.reason = reason
 
     def due(self, account: str, specs: list[PoolSpec], now: int) -> str | None:
         """Why a sync is due now ('interval', 'burst', 'first'), or None."""
@@ -434,6 +459,10 @@ class SyncService:
         for spec in specs:
             by_account[spec.account].append(spec)
         outcomes = []
+        try:
+            self.check_clock()
+        except StoreUnavailable as exc:
+            log.error("❌ [Sync] store unreachable, clock not checked (%s); will retry", exc)
         for account, specs in sorted(by_account.items()):
             try:
                 for spec in specs:

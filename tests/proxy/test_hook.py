@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import time
@@ -19,6 +20,7 @@ import redis  # noqa: E402
 import yaml  # noqa: E402
 
 from volc_quota_guard.admission import EXACT_DRIFT_TOKENS, ROUTES, pin_output  # noqa: E402
+from volc_quota_guard.clock import SkewAlarm  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
 from volc_quota_guard.errors import ConfigError  # noqa: E402
 from volc_quota_guard.gate import AsyncGate, Decision, Gate, Snapshot  # noqa: E402
@@ -40,6 +42,7 @@ from volc_quota_guard.proxy.deployments import (  # noqa: E402
 )
 from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 from volc_quota_guard.proxy.refusals import QuotaRefused, QuotaStoreDown  # noqa: E402
+from volc_quota_guard.sync import SyncService  # noqa: E402
 
 TEST_REDIS_URL = os.environ.get("VQG_TEST_REDIS_URL") or None  # as tests/conftest.py
 
@@ -930,4 +933,29 @@ def test_a_read_sent_before_this_processs_eviction_is_not_kept_after_it(
         monkeypatch.setattr(gate, "evicted_until", evicted_until)
         with pytest.raises(QuotaRefused):  # the next one must see the eviction
             await w.guard.async_filter_deployments("g", deps, None, {})
+    world(scenario)
+
+
+def test_a_store_clock_off_this_hosts_refuses_with_a_503_until_they_agree(
+        world: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
+    """Redis's clock decides the Beijing day: 10 minutes fast, it burned 800,000 past the cap at
+    midnight (red-team, stop 37). The sync thread's check sees the skew and the hook refuses
+    guarded calls with a 503 naming it; once the clocks agree, calls are admitted again."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        alarm = SkewAlarm()
+        svc = SyncService(w.settings, w.sync, lambda: [], alarm=alarm)
+        guard = QuotaGuard(w.settings, AsyncGate(connect_async(TEST_REDIS_URL), w.keyspace), alarm=alarm)
+        with caplog.at_level(logging.WARNING, logger="volc_quota_guard"):
+            svc.check_clock(host_s=lambda: time.time() - 600)  # Redis reads 600 s ahead of this host
+            assert alarm.reason is not None and "+600" in alarm.reason
+            with pytest.raises(QuotaStoreDown) as err:
+                await guard.async_pre_call_deployment_hook(call(max_tokens=10), "acompletion")
+            assert err.value.status_code == 503 and "VQG_MAX_CLOCK_SKEW_SECONDS" in str(err.value)
+            assert w.state()["inflight"] == 0
+            svc.check_clock()  # the real clocks: the same machine
+        assert alarm.reason is None
+        assert "⛔ [CLOCK]" in caplog.text and "✅ [CLOCK]" in caplog.text
+        assert await guard.async_pre_call_deployment_hook(call(max_tokens=10), "acompletion") is not None
+        assert w.state()["inflight"] > 0
     world(scenario)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -303,6 +304,17 @@ class Gate:
             return pinned
         sec, usec = _call(self.client.time)
         return int(sec) * 1000 + int(usec) // 1000
+
+    def clock_skew_ms(self, host_s: Callable[[], float] = time.time) -> tuple[int, int] | None:
+        """(the Redis server's clock less this host's, the reading's uncertainty: half the round
+        trip), in ms; None when a clock is injected (the gate does not read Redis's then)."""
+        if self.args.clock.now_ms() is not None:
+            return None
+        before = host_s()
+        sec, usec = _call(self.client.time)
+        after = host_s()
+        server = int(sec) * 1000 + int(usec) // 1000
+        return server - int((before + after) * 500), int((after - before) * 500) + 1
 
     def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:
         """The pool's (minute, lifetime usage) entries from `since_ms` on, ascending, and the

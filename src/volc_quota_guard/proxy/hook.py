@@ -53,6 +53,7 @@ import litellm  # noqa: E402
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
 
 from .. import admission, counting, estimate, metrics  # noqa: E402
+from ..clock import SKEW, SkewAlarm  # noqa: E402
 from ..config import MIN_OUTPUT_TOKENS, Settings, reservation_keep_s, settings  # noqa: E402
 from ..errors import ConfigError, GateError, GuardConfigError, InvalidRequest, StoreUnavailable  # noqa: E402
 from ..gate import AsyncGate, Decision, KeySpace  # noqa: E402
@@ -120,11 +121,14 @@ class QuotaGuard(CustomLogger):
     """Reserve, clamp, route around exhausted pools, and settle real usage."""
 
     def __init__(self, config: Settings | None = None, gate: AsyncGate | None = None,
-                 on_new_loop: Callable[[Settings], object] | None = None) -> None:
+                 on_new_loop: Callable[[Settings], object] | None = None,
+                 alarm: SkewAlarm = SKEW) -> None:
         """`on_new_loop` runs before a gate is built for a new event loop: the proxy's runtime
-        starts this process's background work there (a forked worker inherits no thread)."""
+        starts this process's background work there (a forked worker inherits no thread).
+        `alarm` is the sync thread's verdict on the store's clock (refused while it is set)."""
         super().__init__()
         self._config = config
+        self.alarm = alarm
         self._fixed_gate = gate
         self._on_new_loop = on_new_loop
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncGate] = (
@@ -489,6 +493,11 @@ class QuotaGuard(CustomLogger):
             log.exception("⛔ request could not be sized, refused")
             raise refusals.bad_request(f"the quota guard cannot size this request ({type(exc).__name__})",
                                        group, "body") from None
+        untrusted = self.alarm.reason
+        if untrusted is not None and not self.fail_open:
+            log.error("⛔ [CLOCK] %s refused: %s call=%s", guard.pool, untrusted,
+                      kwargs.get("litellm_call_id"))
+            raise refusals.clock_untrusted(group, untrusted)
         rid = uuid.uuid4().hex  # never the client-settable call id: see docs/operating.md
         call_id = str(kwargs.get("litellm_call_id") or "")
         ttl_ms = self.config.reservation_ttl_seconds * 1000

@@ -81,8 +81,16 @@ def unreachable_text(model: object, exc: BaseException) -> str:
 
 def store_down(model: str, exc: BaseException) -> QuotaStoreDown:
     """A 503 with Retry-After, raised inside the router (deployment hooks, the routing filter)."""
-    err = QuotaStoreDown(message=unreachable_text(model, exc), llm_provider="volcengine", model=model,
-                         num_retries=0)
+    return unavailable(model, unreachable_text(model, exc))
+
+
+def clock_untrusted(model: str, reason: str) -> QuotaStoreDown:
+    """A 503: the store's clock disagrees with this host's (sync.py `check_clock`)."""
+    return unavailable(model, f"quota guard clock check failed for model '{model}': {reason}")
+
+
+def unavailable(model: str, text: str) -> QuotaStoreDown:
+    err = QuotaStoreDown(message=text, llm_provider="volcengine", model=model, num_retries=0)
     err.headers = {"retry-after": str(STORE_RETRY_AFTER_S)}  # type: ignore[attr-defined]  # read by the proxy
     return err
 
