@@ -31,7 +31,7 @@ from . import metrics
 from .clock import MINUTE_MS, SKEW, SkewAlarm, to_beijing
 from .config import Settings
 from .errors import BillingAuthError, BillingError, GateError, QuotaGuardError, StoreUnavailable
-from .gate import PPM, Decision, Gate
+from .gate import PPM, Decision, Gate, PoolState
 from .limit import (
     LAG_CEILING_MS,
     QUIET_MS,
@@ -127,6 +127,7 @@ class SyncService:
         self.after_tick: list[Callable[[], object]] = []  # e.g. the consume task's schedule
         self.checkpoints: dict[str, Checkpoint] = {}
         self._reported: set[tuple[str, int]] = set()  # (pool, generation) whose start was logged
+        self._warned: set[tuple[str, tuple[int, int]]] = set()  # (pool, other settings) said
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -399,6 +400,7 @@ class SyncService:
                            correction_min_ppm=start, correction_max_ppm=top,
                            unseen_day_tokens=cfg.unseen_day_tokens,
                            generation=history_start if exists else 0, listed_at_ms=now)
+        self._warn_other_settings(pool, status)
         decision = self.gate.install_snapshot(pool, snapshot)
         h = self.gate.history(pool)
         gen = (h or {}).get("hist_at") or history_start
@@ -429,6 +431,19 @@ class SyncService:
                 log.error("💸 [BILLING] %s: free balance still 0 (since %d min ago); pool stays closed",
                           pool, (now - result.state.billing_since_ms) // MINUTE_MS, extra=BILLING_EVENT)
         return result, decision
+
+    def _warn_other_settings(self, pool: str, status: PoolState) -> None:
+        """Processes sharing a store with other walls take turns: each sync installs its own
+        (a red-team pass saw the cap flip between 1M and 2M unnoticed). Said once per pair."""
+        theirs = (status.get("buffer"), status.get("cap"))
+        ours = (self.cfg.small_buffer, self.cfg.daily_cap)
+        if status.decision.reason == "no_snapshot" or theirs == ours or (pool, theirs) in self._warned:
+            return
+        self._warned.add((pool, theirs))
+        log.warning("⚠️ [CONFIG] %s: another process installed SMALL_BUFFER=%s DAILY_CAP=%s, this one "
+                    "uses %s and %s: the walls follow whichever synced last; give every proxy "
+                    "sharing this Redis the same VQG_SMALL_BUFFER and VQG_DAILY_CAP", pool,
+                    f"{theirs[0]:,}", f"{theirs[1]:,}", f"{ours[0]:,}", f"{ours[1]:,}")
 
     def _history_began(self, pool: str, gen: int, seen: Checkpoint | None, meta: dict[str, str],
                        result: LimitResult, h: dict[str, int]) -> None:

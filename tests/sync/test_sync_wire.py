@@ -298,3 +298,22 @@ def test_one_pool_the_gate_refuses_does_not_stop_the_others(make_world, caplog, 
     assert f"{POOL}: the gate refused the snapshot" in caplog.text
     assert int(svc.records.sync_meta(ACCOUNT)["next_at"]) <= w.clock.now_ms() + MIN
     assert w.gate.status(other).decision.reason != "no_snapshot"
+
+
+def test_a_process_with_other_walls_on_the_same_store_is_named(make_world, caplog):
+    """Two proxies on one Redis with different VQG_SMALL_BUFFER / VQG_DAILY_CAP take turns
+    installing their walls (red-team, stop 37: the cap flipped between 1M and 2M unnoticed);
+    each process says so once."""
+    w = make_world("2026-08-13 09:00")
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-12 10:30"))
+    w.service().sync_account(ACCOUNT, [PoolSpec(POOL)])
+    strict = SyncService(w.cfg.model_copy(update={"daily_cap": 1_000_000, "small_buffer": 300_000}),
+                         Gate(w.client, w.keyspace, w.clock), lambda: [PoolSpec(POOL)],
+                         w.service()._lister_for)
+    with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
+        for _ in range(3):
+            w.clock.advance(MIN)
+            strict.sync_account(ACCOUNT, strict.pools())
+    said = [r.message for r in caplog.records if "[CONFIG]" in r.message]
+    assert len(said) == 1 and "SMALL_BUFFER=50,000 DAILY_CAP=2,000,000" in said[0]
+    assert "300,000 and 1,000,000" in said[0]
