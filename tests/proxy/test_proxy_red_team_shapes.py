@@ -22,6 +22,7 @@ pytestmark = pytest.mark.proxy
 POOL = ("acct-c/rt1-resp-260101", 60_000)
 OTHER = ("acct-c/rt1-other-260101", 60_000)
 IMAGES = ("acct-c/rt1-img-260101", 300_000)
+PNGS = ("acct-c/rt1-png-260101", 400_000)  # its own pool: the image tests above end near a wall
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 
 
@@ -29,9 +30,9 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 def px(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
        prefix: str) -> Iterator[Proxy]:
     p = start_syncing_proxy(tmp_path_factory.mktemp("rt1"), fake, store_url, prefix,
-                            dict([POOL, OTHER, IMAGES]),
+                            dict([POOL, OTHER, IMAGES, PNGS]),
                             [ark_deployment("rt1-resp", POOL[0]), ark_deployment("rt1-other", OTHER[0]),
-                             ark_deployment("rt1-img", IMAGES[0])],
+                             ark_deployment("rt1-img", IMAGES[0]), ark_deployment("rt1-png", PNGS[0])],
                             VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="500")
     yield p
     stop_proxy(p)
@@ -204,11 +205,11 @@ def test_a_png_with_a_chunk_before_ihdr_is_reserved_at_the_most(px: Proxy) -> No
     assert Image.open(io.BytesIO(data)).size == (3000, 3000)
     url = "data:image/png;base64," + base64.b64encode(data).decode()
     images = [{"type": "image_url", "image_url": {"url": url, "detail": "high"}} for _ in range(10)]
-    before = px.fake.pool_totals(IMAGES[0]).consumed
-    r = post(px, "/v1/chat/completions", {"model": "rt1-img", "max_tokens": 20, "messages": [
+    before = px.fake.pool_totals(PNGS[0]).consumed
+    r = post(px, "/v1/chat/completions", {"model": "rt1-png", "max_tokens": 20, "messages": [
         {"role": "user", "content": [*images, {"type": "text", "text": "hi [[fake completion=5]]"}]}]})
     assert r.status_code == 200, r.text[:300]
-    assert px.fake.pool_totals(IMAGES[0]).consumed - before >= 10 * 5_120
+    assert px.fake.pool_totals(PNGS[0]).consumed - before >= 10 * 5_120
     line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
     assert int(re.search(r"reserved=(\d+)", line).group(1)) >= 10 * 5_120, line  # type: ignore[union-attr]
 

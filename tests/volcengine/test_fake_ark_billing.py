@@ -244,6 +244,15 @@ def test_legacy_functions_tool_choice_and_message_names_are_billed(fake: FakeVol
     named_user = [{"role": "user", "name": long, "reasoning_content": long,
                    "content": "hi [[fake completion=1]]"}]
     assert usage_of(post(fake, named_user))["prompt_tokens"] > plain + 2 * 40 * 7
+    # An assistant turn's fields the template does not render (a refusal, audio) are billed as
+    # their JSON too (red-team, stop 37: the fake billed 0 for them on DeepSeek models).
+    turn = [{"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b", "refusal": long, "audio": {"id": long}},
+            {"role": "user", "content": "hi [[fake completion=1]]"}]
+    bare = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "hi [[fake completion=1]]"}]
+    without = usage_of(post(fake, bare))["prompt_tokens"]
+    assert usage_of(post(fake, turn))["prompt_tokens"] > without + 2 * 40 * 7
 
 
 def test_unknown_fields_such_as_merged_extra_body_keys_are_accepted(

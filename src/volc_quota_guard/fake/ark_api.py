@@ -313,21 +313,27 @@ def count_text_tokens(text: str, model: str | None = None, state: Any = None) ->
 # pass found the fake billed 18 tokens for 20 legacy functions the guard reserved 120,990 for.
 PROMPT_FIELDS = ("functions", "function_call", "tool_choice", "response_format", "text",
                  "context_management")
-# Message fields a chat template may render besides role and content (DeepSeek's count above
-# reads only what its template knows).
-MESSAGE_TEXT_FIELDS = ("name", "reasoning_content")
+# Message fields DeepSeek's V4 template renders (its count above); every other field of a
+# message (a name, an assistant's refusal or audio, reasoning outside an assistant turn) is
+# billed as its JSON: the dearer reading, as for Doubao (a red-team pass, stop 37, found the
+# fake billed 0 for them).
+RENDERED_FIELDS = frozenset({"role", "content", "tool_calls"})
 
 
 def extra_prompt_tokens(request: dict[str, Any], messages: list[Any], model: str | None,
                         state: Any = None) -> int:
     """Tokens of `PROMPT_FIELDS` that are objects or lists (a named tool choice, a schema) and,
-    for DeepSeek models, of `MESSAGE_TEXT_FIELDS` outside assistant
-    turns, where the DeepSeek count does not read them."""
+    for DeepSeek models, of each message's fields the DeepSeek count does not read (JSON)."""
     parts = [json.dumps(request[f], ensure_ascii=False) for f in PROMPT_FIELDS
              if isinstance(request.get(f), (dict, list))]
     if is_deepseek(model):
-        parts += [m[f] for m in messages if isinstance(m, dict) and m.get("role") != "assistant"
-                  for f in MESSAGE_TEXT_FIELDS if isinstance(m.get(f), str)]
+        for m in messages:
+            if not isinstance(m, dict):
+                continue
+            read = RENDERED_FIELDS | ({"reasoning_content"} if m.get("role") == "assistant" else set())
+            rest = {k: v for k, v in m.items() if k not in read and v is not None}
+            if rest:
+                parts.append(json.dumps(rest, ensure_ascii=False, default=str))
     return count_text_tokens("\n".join(parts), model, state) if parts else 0
 
 
