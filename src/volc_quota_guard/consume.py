@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 
 from . import admission, counting
-from .clock import MS_PER_DAY, beijing_day, beijing_time_ms, next_beijing_midnight_ms
+from .clock import MS_PER_DAY, SKEW, SkewAlarm, beijing_day, beijing_time_ms, next_beijing_midnight_ms
 from .config import Settings
 from .consume_plan import ConsumePlan, forecast_natural, plan_pool
 from .errors import ArkCallError, QuotaGuardError, StoreUnavailable
@@ -68,8 +68,10 @@ class ConsumeTask:
 
     def __init__(self, cfg: Settings, gate: Gate,
                  targets: Callable[[], Mapping[str, ArkTarget]],
-                 chat: ArkChat | None = None, background: bool = False) -> None:
+                 chat: ArkChat | None = None, background: bool = False,
+                 alarm: SkewAlarm = SKEW) -> None:
         self.cfg = cfg
+        self.alarm = alarm  # the store's clock decides the day it spends: not while distrusted
         self.gate = gate
         self.records = gate.records
         self.targets = targets
@@ -125,6 +127,11 @@ class ConsumeTask:
         plan, why_not, state = self.plan(pool)
         now = state.now_ms if state else self.gate.now_ms()
         day = beijing_day(now)
+        if self.alarm.reason is not None and not dry_run:
+            # Spent on the store's day, which a wrong clock moves: a run at 00:05 on a clock
+            # 10 minutes slow spent yesterday's room on Ark's today (red-team stop 37). Retried on
+            # later ticks; `_run_due` says so once a day.
+            return ConsumeOutcome(pool, day, "skipped", stop=f"clock: {self.alarm.reason}")
         if plan is None:
             return ConsumeOutcome(pool, day, "skipped", stop=why_not)
         if dry_run:
@@ -183,6 +190,9 @@ class ConsumeTask:
             left = plan.tokens - run.consumed
             if left < cfg.consume_min_call_tokens:
                 run.stop = "plan met"
+                return
+            if self.alarm.reason is not None:
+                run.stop = f"clock: {self.alarm.reason}"
                 return
             state = self.gate.status(pool)
             d, now = state.decision, state.now_ms

@@ -165,6 +165,8 @@ class SyncService:
             return "first"
         if now >= int(meta["next_at"]):
             return "interval"
+        if int(meta.get("last_at", 0)) > now + MINUTE_MS:
+            return "the clock went back (the last sync is in the future)"
         since = self.records.lifetime_usage(s.pool for s in specs) - int(meta.get("usage_total", 0))
         if since >= self.cfg.burst_tokens and now - int(meta.get("last_at", 0)) >= BURST_SPACING_MS:
             return f"burst (+{since:,} tokens since the last sync)"
@@ -307,6 +309,7 @@ class SyncService:
         meta = self.records.sync_meta(account)
         gens: dict[str, str | int] = {}
         failed: list[str] = []
+        superseded = False
         for spec in specs:
             pooled = assignment.pools[spec.pool]
             views = _views(pooled.packages)
@@ -325,10 +328,12 @@ class SyncService:
             except GateError as exc:
                 if exc.code == "older_listing":
                     # This listing stalled past the lock and another process synced since: its
-                    # balance may be one that process already saw spent. Theirs stands.
+                    # balance may be one that process already saw spent. Theirs stands, and so
+                    # does their account record (its next sync, its errors).
                     log.warning("⚠️ [Sync] %s: a later billing listing's snapshot is installed; this "
                                 "one (begun %d s ago) is dropped", spec.pool,
                                 (self.now_ms() - started) // 1000)
+                    superseded = True
                     continue
                 # One pool's snapshot the gate refuses must not stop the account's other pools;
                 # this one keeps its snapshot until it goes stale (then it gets no headroom).
@@ -350,6 +355,8 @@ class SyncService:
                 next_at = min(next_at, expiry + MINUTE_MS)  # see the expiry as soon as the API shows it
         for miss in assignment.unmatched:
             log.debug("[Sync] %s: package %s not used (%s)", account, miss.package.instance_no, miss.reason)
+        if superseded:
+            return SyncOutcome(account, True, tuple(results))
         record: dict[Any, Any] = {
             "next_at": next_at, "last_at": started, "last_ok_at": started,
             "last_error": "; ".join(failed),
@@ -478,6 +485,11 @@ class SyncService:
             self.check_clock()
         except StoreUnavailable as exc:
             log.error("❌ [Sync] store unreachable, clock not checked (%s); will retry", exc)
+        if self.alarm.reason is not None:
+            # A sync on a wrong clock stamps its times into the store (next sync, validity,
+            # listing order): once the clock is fixed they would keep an old snapshot and
+            # refuse newer listings (red-team, stop 37). Nothing is admitted meanwhile anyway.
+            by_account.clear()
         for account, specs in sorted(by_account.items()):
             try:
                 for spec in specs:

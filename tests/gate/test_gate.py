@@ -431,3 +431,16 @@ def test_a_snapshot_from_an_older_listing_is_refused(gate, clock):
     gate.install_snapshot(POOL, replace(snap(clock, balance=200_000), listed_at_ms=listed))  # same: fine
     gate.install_snapshot(POOL, snap(clock, balance=300_000))  # by hand (no listing): always
     assert gate.reserve(POOL, "r2", 100).reason == "admitted"
+
+
+def test_a_listing_time_from_a_clock_since_set_back_orders_nothing(gate, clock):
+    """A sync on a clock 10 minutes fast stamped its listing in the future; once the clock is
+    fixed, newer listings must still install (red-team, stop 37: they were refused until real
+    time passed the stamp, while the package ran dry)."""
+    gate.install_snapshot(POOL, replace(snap(clock, balance=200_000), listed_at_ms=clock.now_ms() + 600_000))
+    clock.advance(60_000)
+    gate.install_snapshot(POOL, replace(snap(clock, balance=0), listed_at_ms=clock.now_ms()))
+    assert gate.reserve(POOL, "r1", 100).reason == "balance_wall"
+    with pytest.raises(GateError) as exc:  # and from then on the order holds again
+        gate.install_snapshot(POOL, replace(snap(clock, balance=200_000), listed_at_ms=clock.now_ms() - 1))
+    assert exc.value.code == "older_listing"

@@ -43,6 +43,7 @@ from volc_quota_guard.proxy.deployments import (  # noqa: E402
 from volc_quota_guard.proxy.hook import QuotaGuard  # noqa: E402
 from volc_quota_guard.proxy.refusals import QuotaRefused, QuotaStoreDown  # noqa: E402
 from volc_quota_guard.sync import SyncService  # noqa: E402
+from volc_quota_guard.volcengine.packages import PoolSpec  # noqa: E402
 
 TEST_REDIS_URL = os.environ.get("VQG_TEST_REDIS_URL") or None  # as tests/conftest.py
 
@@ -958,4 +959,30 @@ def test_a_store_clock_off_this_hosts_refuses_with_a_503_until_they_agree(
         assert "⛔ [CLOCK]" in caplog.text and "✅ [CLOCK]" in caplog.text
         assert await guard.async_pre_call_deployment_hook(call(max_tokens=10), "acompletion") is not None
         assert w.state()["inflight"] > 0
+    world(scenario)
+
+
+def test_no_sync_runs_on_a_distrusted_clock_and_one_runs_once_it_is_fixed(
+        world: Callable[..., Any]) -> None:
+    """A sync on a wrong clock stamps its times in the store (the next sync, the snapshot's
+    validity, the listing order): fixed, the clock then kept an old snapshot and refused newer
+    listings (red-team, stop 37). While the alarm is set nothing syncs; a sync record from the
+    future (a clock since set back) makes a sync due at once."""
+    async def scenario(w: World) -> None:
+        alarm = SkewAlarm()
+        svc = SyncService(w.settings, w.sync, lambda: [PoolSpec(POOL)], alarm=alarm)
+        synced: list[str] = []
+        svc.maybe_sync = lambda account, specs: synced.append(account)  # type: ignore[method-assign]
+        svc.check_clock = lambda host_s=None: None  # type: ignore[method-assign]
+        alarm.reason = "the Redis server's clock is +600.0 s off this host's"
+        svc.tick()
+        assert synced == []
+        alarm.reason = None
+        svc.tick()
+        assert synced == ["acct-a"]
+        now = w.sync.now_ms()
+        w.sync.records.write_sync_meta("acct-a", {"next_at": now + 3_600_000, "last_at": now + 600_000})
+        assert svc.due("acct-a", [PoolSpec(POOL)], now) is not None
+        w.sync.records.write_sync_meta("acct-a", {"last_at": now - 60_000})
+        assert svc.due("acct-a", [PoolSpec(POOL)], now) is None
     world(scenario)

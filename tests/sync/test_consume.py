@@ -10,6 +10,7 @@ from datetime import date, timedelta
 import pytest
 
 from sync.conftest import ACCOUNT, POOL, World, beijing_ms
+from volc_quota_guard.clock import SkewAlarm
 from volc_quota_guard.consume import ConsumeTask
 from volc_quota_guard.gate import Gate
 from volc_quota_guard.proxy.deployments import targets_from_model_list
@@ -253,3 +254,24 @@ def test_a_failing_history_write_still_finishes_the_days_claim(make_world, caplo
     assert "failed unexpectedly" not in caplog.text
     claim = json.loads(w.client.get(w.keyspace.consume_done(POOL, outcome.day)))
     assert claim["status"] == "done" and claim["stop"] == outcome.stop
+
+
+def test_the_task_waits_while_the_store_clock_is_distrusted(make_world):
+    """It spends on the store's Beijing day, which a wrong clock moves (red-team, stop 37: a run
+    at 00:05 on a Redis clock 10 minutes slow spent the previous day's room, 1,949,207, on Ark's
+    new day): while the sync thread's clock alarm is set it claims nothing; then it runs."""
+    w = live_world(make_world, "2026-08-30 22:00")
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-01 09:00"))
+    svc = w.service()
+    svc.tick()
+    w.clock.set(beijing_ms("2026-08-30 23:10"))
+    task = consume_task(w)
+    task.alarm = SkewAlarm()
+    task.alarm.reason = "the Redis server's clock is -600.0 s off this host's"
+    (outcome,) = task.tick()
+    assert outcome.status == "skipped" and outcome.stop.startswith("clock:")
+    assert w.client.get(w.keyspace.consume_done(POOL, outcome.day)) is None
+    assert w.gate.status(POOL).get("day_usage") == 0
+    task.alarm.reason = None
+    (outcome,) = task.tick()
+    assert outcome.status == "done" and outcome.consumed >= 1_850_000

@@ -422,7 +422,7 @@ class GateModel:
             raise GateError("bad_amount", "generation must be a non-negative integer")
         if not _is_int(s.listed_at_ms, 0, MAX_TIME):
             raise GateError("bad_time", "listed_at must be empty or ms since the epoch")
-        if s.listed_at_ms and p is not None and p.listed_at > s.listed_at_ms:
+        if s.listed_at_ms and p is not None and s.listed_at_ms < p.listed_at <= now:
             raise GateError("older_listing", "a snapshot from a later billing listing is installed")
         if s.generation and (p is None or max(p.hist_at, 1) != s.generation):
             raise GateError("generation", "the pool state is not the generation this snapshot was "
@@ -430,7 +430,7 @@ class GateModel:
         if p is None:
             p = self.pools[pool] = PoolModel(day=beijing_day(now), hist_at=now)
         p.housekeep(now)
-        p.listed_at = max(p.listed_at, s.listed_at_ms)
+        p.listed_at = max(p.listed_at, s.listed_at_ms) if p.listed_at <= now else s.listed_at_ms
         p.snap_at, p.balance, p.expiring, p.buffer, p.cap = (
             now, s.balance, s.expiring, s.small_buffer, s.daily_cap)
         p.valid_until, p.evict_below = s.valid_until_ms, s.evict_below

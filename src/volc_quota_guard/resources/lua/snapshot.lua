@@ -54,7 +54,8 @@ if expect == false then return err('bad_amount', 'generation must be a non-negat
 local listed = optional(19, MAX_TIME)
 if listed == false then return err('bad_time', 'listed_at must be empty or ms since the epoch') end
 local st = load()
-if listed and listed > 0 and st.exists and st.listed_at > listed then
+-- A stored listing time ahead of now came from a clock since set back: it orders nothing.
+if listed and listed > 0 and st.exists and st.listed_at > listed and st.listed_at <= now then
   return err('older_listing', 'a snapshot from a later billing listing is installed')
 end
 if expect and expect > 0 and (not st.exists or math.max(st.hist_at, 1) ~= expect) then
@@ -72,7 +73,7 @@ st.snap_at, st.balance, st.expiring, st.buffer, st.cap, st.valid_until, st.evict
   now, v[2], v[4], v[5], v[6], v[7], v[8]
 st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been settled
 st.snap_seq = st.snap_seq + 1
-st.listed_at = math.max(st.listed_at, listed or 0)
+st.listed_at = (st.listed_at <= now) and math.max(st.listed_at, listed or 0) or (listed or 0)
 st.hold_until, st.hold_cap = hold_until, hold_cap
 st.corr_min, st.corr_max = corr_min, corr_max
 st.k, st.kx = correction(st, now), xcorrection(st, now)
