@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import os
 import struct
 import zlib
@@ -115,6 +116,38 @@ def test_image_tokens_follow_arks_formula() -> None:
     with_image = size(chat([{"type": "text", "text": "what"}, part(png(280, 280), "low")]), CHAT, LIMITS)
     assert with_image.input_tokens - base == 100
 
+
+def _lenient(fmt: str) -> bytes:
+    """A 4000x4000 image whose header tricks a strict reader into a small size while Pillow, a
+    lenient decoder, decodes it whole (red-team, stop 37: guard and fake both said 1 token)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (4000, 4000), 0).save(buf, fmt)
+    real = buf.getvalue()
+    if fmt == "PNG":  # a 1x1 IHDR first; Pillow reads every IHDR, the last winning
+        one = b"IHDR" + struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+        return real[:8] + struct.pack(">I", 13) + one + struct.pack(">I", zlib.crc32(one)) + real[8:]
+    if fmt == "GIF":  # a 1x1 screen and a junk byte before the frame; Pillow skips the byte
+        flags = real[10]
+        start = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)
+        return real[:6] + struct.pack("<HH", 1, 1) + real[10:start] + b"\x00" + real[start:]
+    # A 1x1 frame header first, then 67 KB of APP segments: the real one lies past 64 KiB.
+    sof = b"\xff\xc0" + struct.pack(">H", 11) + b"\x08" + struct.pack(">HH", 1, 1) + b"\x01\x01\x11\x00"
+    pad = (b"\xff\xe1" + struct.pack(">H", 65_002) + b"\x00" * 65_000
+           + b"\xff\xe2" + struct.pack(">H", 2_002) + b"\x00" * 2_000)
+    return real[:2] + sof + pad + real[2:]
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "GIF", "JPEG"])
+def test_an_image_a_lenient_decoder_reads_larger_is_reserved_at_that_size(fmt: str) -> None:
+    """Ark's formula for what Pillow reads (4000x4000, high: 5,120) bounds what the guard
+    reserves and what the fake bills, whatever the header's first frame said."""
+    from volc_quota_guard.fake import media as fake_media
+
+    url = f"data:image/{fmt.lower()};base64," + base64.b64encode(_lenient(fmt)).decode()
+    assert media.image_tokens({"type": "image_url", "image_url": {"url": url, "detail": "high"}}) == 5_120
+    assert fake_media.image_tokens(url, "high") == 5_120
 
 def test_video_and_unknown_parts_are_refused_unless_the_deployment_bounds_them() -> None:
     """A video by URL cannot be bounded: 400 naming the part, unless model_info gives a per-part bound."""

@@ -81,26 +81,41 @@ def data_url_size(url: str) -> tuple[int, int] | None:
     chunk = chunk[: len(chunk) - len(chunk) % 4]
     try:
         data = base64.b64decode(chunk, validate=False)
-        if data[:6] in (b"GIF87a", b"GIF89a"):  # a frame anywhere may be larger than the screen
+        # A GIF frame anywhere may be larger than its screen, a PNG may hold a second IHDR, a
+        # JPEG a larger frame header past the first 64 KiB: those are read whole.
+        if data[:6] in (b"GIF87a", b"GIF89a") or data[:8] == PNG_SIGNATURE \
+                or (data[:2] == b"\xff\xd8" and _jpeg(data) is None):
             data = base64.b64decode(payload[: len(payload) - len(payload) % 4], validate=False)
     except (binascii.Error, ValueError):
         return None
     return _png(data) or _gif(data) or _webp(data) or _jpeg(data)
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
 def _png(b: bytes) -> tuple[int, int] | None:
-    """The size in IHDR, which must be the first chunk; a PNG with another chunk first is sized
-    as unreadable (the most Ark bills): a decoder that looks past it for IHDR would bill that
-    size, and the bytes where IHDR belongs said 1x1 (red-team, stop 37)."""
-    if b[:8] == b"\x89PNG\r\n\x1a\n" and len(b) >= 24 and b[12:16] == b"IHDR":
-        w, h = struct.unpack(">II", b[16:24])
-        return int(w), int(h)
-    return None
+    """The size in IHDR, which must be the first chunk and the only one; any other PNG is sized
+    as unreadable (the most Ark bills): a lenient decoder looks past a chunk before IHDR and reads
+    every IHDR it meets, the last winning, and the bytes where IHDR belongs said 1x1 (red-team,
+    stop 37). The chunks are walked to IEND (or the end of the data)."""
+    if b[:8] != PNG_SIGNATURE or len(b) < 24 or b[12:16] != b"IHDR":
+        return None
+    w, h = struct.unpack(">II", b[16:24])
+    i = 8
+    while i + 8 <= len(b):
+        length, kind = struct.unpack(">I4s", b[i:i + 8])
+        if kind == b"IHDR" and i != 8:
+            return None
+        if kind == b"IEND":
+            break
+        i += 12 + length
+    return int(w), int(h)
 
 
 def _gif(b: bytes) -> tuple[int, int] | None:
     """The logical screen grown to every frame (decoders such as Pillow grow the image to a
-    frame that extends past the screen); a malformed tail ends the walk."""
+    frame that extends past the screen); a byte no block starts with makes it unreadable."""
     if b[:6] not in (b"GIF87a", b"GIF89a") or len(b) < 13:
         return None
     w, h = struct.unpack("<HH", b[6:10])
@@ -112,8 +127,8 @@ def _gif(b: bytes) -> tuple[int, int] | None:
             left, top, fw, fh = struct.unpack("<HHHH", b[i + 1:i + 9])
             w, h = max(w, left + fw), max(h, top + fh)
             i = _past_sub_blocks(b, i + 10 + _color_table(b[i + 9]) + 1)  # + LZW code size
-        else:
-            break
+        else:  # a byte no block starts with: a lenient decoder skips it, so frames may follow
+            return None
     return int(w), int(h)
 
 
@@ -143,7 +158,8 @@ def _webp(b: bytes) -> tuple[int, int] | None:
 
 
 def _jpeg(b: bytes) -> tuple[int, int] | None:
-    """The largest frame of a JPEG's header (every SOF before the scan), None if unreadable."""
+    """The largest frame of a JPEG's header (every SOF before the scan), None if unreadable or
+    if the data ends before the scan (a larger frame header may follow)."""
     if b[:2] != b"\xff\xd8":
         return None
     i, found = 2, None
@@ -157,7 +173,7 @@ def _jpeg(b: bytes) -> tuple[int, int] | None:
             i += 2
             continue
         if marker in (0xDA, 0xD9):  # start of scan / end of image: no more headers
-            break
+            return found
         length = int.from_bytes(b[i + 2:i + 4], "big")
         if length < 2:
             return None
@@ -166,4 +182,4 @@ def _jpeg(b: bytes) -> tuple[int, int] | None:
             if found is None or w * h > found[0] * found[1]:
                 found = (int(w), int(h))
         i += 2 + length
-    return found
+    return None

@@ -55,16 +55,19 @@ def image_size(data: bytes) -> tuple[int, int]:
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
-    """The first IHDR chunk's size, walking past any chunk before it as a lenient decoder (Pillow)
-    does: the dearer reading of a PNG whose first chunk is not IHDR."""
-    i = 8
+    """The largest IHDR chunk's size, walking every chunk as a lenient decoder (Pillow) does: it
+    skips a chunk before IHDR and reads each IHDR it meets (the last wins) — the dearer reading."""
+    i, found = 8, None
     while i + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[i:i + 8])
         if kind == b"IHDR" and i + 16 <= len(data):
             w, h = struct.unpack(">II", data[i + 8:i + 16])
-            return int(w), int(h)
+            if found is None or w * h > found[0] * found[1]:
+                found = (int(w), int(h))
         i += 12 + length  # length, type, data, CRC
-    raise ValueError("the PNG has no IHDR chunk")
+    if found is None:
+        raise ValueError("the PNG has no IHDR chunk")
+    return found
 
 
 def _gif_size(data: bytes) -> tuple[int, int]:
@@ -80,8 +83,11 @@ def _gif_size(data: bytes) -> tuple[int, int]:
             pos += 11 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
         elif block == 0x21:
             pos += 2
-        else:
+        elif block == 0x3B:  # the trailer
             break
+        else:  # Pillow skips a byte it does not know and reads on
+            pos += 1
+            continue
         while pos < len(data) and data[pos] != 0:  # data sub-blocks up to the terminator
             pos += data[pos] + 1
         pos += 1
@@ -103,7 +109,7 @@ def _webp_size(data: bytes) -> tuple[int, int]:
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int]:
-    i = 2
+    i, found = 2, None
     while i + 4 <= len(data):
         if data[i] != 0xFF:
             raise ValueError("unreadable JPEG header")
@@ -119,9 +125,14 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
             if i + 9 > len(data):
                 break
             h, w = struct.unpack(">HH", data[i + 5:i + 9])
-            return w, h
+            if found is None or w * h > found[0] * found[1]:
+                found = (int(w), int(h))  # every frame header before the scan: the largest
+        if marker in (0xDA, 0xD9):
+            break
         i += 2 + length
-    raise ValueError("no JPEG frame header")
+    if found is None:
+        raise ValueError("no JPEG frame header")
+    return found
 
 
 def decode_data_url(url: str) -> bytes:
