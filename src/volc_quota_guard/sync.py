@@ -411,7 +411,10 @@ class SyncService:
         decision = self.gate.install_snapshot(pool, snapshot)
         h = self.gate.history(pool)
         gen = (h or {}).get("hist_at") or history_start
-        self.records.write_limit_state(pool, replace(result.state, generation=gen).to_json())
+        if not self.records.write_limit_state(pool, replace(result.state, generation=gen).to_json(),
+                                              listed_at_ms=now, now_ms=self.now_ms()):
+            log.warning("⚠️ [Sync] %s: a later billing listing's estimates are stored; this sync's "
+                        "are dropped", pool)
         if not exists and h is not None:
             self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
         if h is not None:

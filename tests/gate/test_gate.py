@@ -444,3 +444,17 @@ def test_a_listing_time_from_a_clock_since_set_back_orders_nothing(gate, clock):
     with pytest.raises(GateError) as exc:  # and from then on the order holds again
         gate.install_snapshot(POOL, replace(snap(clock, balance=200_000), listed_at_ms=clock.now_ms() - 1))
     assert exc.value.code == "older_listing"
+
+
+def test_the_limit_state_of_an_older_listing_does_not_overwrite_a_later_one(gate, clock):
+    """A sync that installed first but writes its estimator state last must not put its older
+    view back (red-team, stop 37: billing_since and the package view went back); a stored stamp
+    from the future (a clock since set back) orders nothing."""
+    now = clock.now_ms()
+    assert gate.records.write_limit_state(POOL, {"billing_since_ms": 7}, listed_at_ms=now, now_ms=now)
+    assert not gate.records.write_limit_state(POOL, {"billing_since_ms": 0}, listed_at_ms=now - 90_000,
+                                              now_ms=now)
+    assert gate.records.limit_state(POOL)["billing_since_ms"] == 7
+    assert gate.records.write_limit_state(POOL, {"billing_since_ms": 0}, listed_at_ms=now - 90_000,
+                                          now_ms=now - 120_000)  # the stored stamp is ahead of now
+    assert gate.records.limit_state(POOL)["billing_since_ms"] == 0

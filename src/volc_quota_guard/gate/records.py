@@ -19,11 +19,20 @@ from typing import Any
 import redis
 
 from .keys import KeySpace
-from .store import store_errors
+from .store import store_errors, twice
 
 # Delete the lock only while it is still ours (the usual Redis lock release).
 _UNLOCK = """if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0"""
+
+# Write the limit state unless the stored one names a later listing that is not in the future.
+_WRITE_ORDERED = """local cur = redis.call('get', KEYS[1])
+if cur then
+  local at = tonumber(string.match(cur, '"listed_at_ms": (%d+)') or '0')
+  if at > tonumber(ARGV[2]) and at <= tonumber(ARGV[3]) then return 0 end
+end
+redis.call('set', KEYS[1], ARGV[1])
+return 1"""
 
 
 def _text(v: Any) -> str:
@@ -37,6 +46,7 @@ class Records:
         self._client = client
         self.keyspace = keyspace
         self._unlock = client.register_script(_UNLOCK)
+        self._write_ordered = client.register_script(_WRITE_ORDERED)
 
     # -- one pool's gate state, field by field ---------------------------------------------
     def state_int(self, pool: str, name: str) -> int:
@@ -79,7 +89,7 @@ class Records:
         """Release the lock if `owner` still holds it (it may have expired and passed on): one
         atomic compare-and-delete, so a lock that passed on between a read and a delete stays."""
         with store_errors():
-            self._unlock(keys=[self.keyspace.sync_lock(account)], args=[owner])
+            twice(self._unlock, [self.keyspace.sync_lock(account)], [owner])
 
     # -- the limit estimator's state ---------------------------------------------------------
     def limit_state(self, pool: str) -> Any:
@@ -88,9 +98,16 @@ class Records:
             raw = self._client.get(self.keyspace.pool(pool).limit_state)
         return json.loads(raw) if raw else None
 
-    def write_limit_state(self, pool: str, state: Any) -> None:
+    def write_limit_state(self, pool: str, state: Mapping[str, Any], listed_at_ms: int = 0,
+                          now_ms: int = 0) -> bool:
+        """Store the pool's limit-estimator state, unless the stored one came from a later
+        billing listing (a sync that stalled past its lock must not put its older view back:
+        red-team, stop 37); a stored stamp ahead of `now_ms` (a clock since set back) orders
+        nothing. False when not written."""
+        raw = json.dumps({**state, "listed_at_ms": listed_at_ms})
         with store_errors():
-            self._client.set(self.keyspace.pool(pool).limit_state, json.dumps(state))
+            return bool(twice(self._write_ordered, [self.keyspace.pool(pool).limit_state],
+                              [raw, str(listed_at_ms), str(now_ms)]))
 
     # -- the consume task: the day's claim and the history ----------------------------------
     def claim_day(self, pool: str, day: int, claim: Mapping[str, Any], ttl_ms: int) -> str | None:

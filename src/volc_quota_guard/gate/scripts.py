@@ -24,7 +24,8 @@ from ..errors import GateError
 from .keys import KeySpace, PoolKeys
 from .records import Records
 from .store import amapped as _acall
-from .store import is_cluster
+from .store import atwice as _atwice
+from .store import is_cluster, twice
 from .store import mapped as _call
 from .values import Decision, PoolState, Snapshot
 
@@ -193,7 +194,7 @@ class Gate:
     def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
         keys = self.args.keys(pool).gate_keys(verb)
         return _sighted(self.args.keyspace, pool,
-                        _parse(_call(lambda: self._scripts[verb](keys=keys, args=args))))
+                        _parse(_call(lambda: twice(self._scripts[verb], keys, args))))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
                 ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
@@ -364,7 +365,7 @@ class AsyncGate:
     async def _run(self, verb: str, pool: str, args: list[str]) -> Decision:
         keys = self.args.keys(pool).gate_keys(verb)
         return _sighted(self.args.keyspace, pool,
-                        _parse(await _acall(lambda: self._scripts[verb](keys=keys, args=args))))
+                        _parse(await _acall(lambda: _atwice(self._scripts[verb], keys, args))))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
                       ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import fakeredis
 import redis
@@ -68,6 +68,22 @@ async def amapped(fn: Callable[[], Awaitable[T]]) -> T:
     """`await fn()` under `store_errors()`."""
     with store_errors():
         return await fn()
+
+
+def twice(script: Any, keys: list[str], args: list[str]) -> Any:
+    """The script; once more if the cache was flushed again between redis-py's reload and its
+    second call (another client flushing, a failover in two steps)."""
+    try:
+        return script(keys=keys, args=args)
+    except redis.exceptions.NoScriptError:
+        return script(keys=keys, args=args)
+
+
+async def atwice(script: Any, keys: list[str], args: list[str]) -> Any:
+    try:
+        return await script(keys=keys, args=args)
+    except redis.exceptions.NoScriptError:
+        return await script(keys=keys, args=args)
 
 
 _TIMEOUT_S = 5
