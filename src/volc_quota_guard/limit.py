@@ -371,9 +371,11 @@ def compute_limit(
     valid_until = now_ms + max_age_ms
     # Expiry: what the API still shows in packages that expire before the snapshot does is
     # taken off now. FIFO means our own use eats those first, so this only ever errs safe. A
-    # request admitted just before the snapshot goes stale still runs for `running_ms` (the
-    # reservation TTL): a package expiring in that time is off too (16 requests admitted a
-    # minute before such an expiry ran on past it and billed 184,000: red-team, stop 35).
+    # request admitted just before the snapshot goes stale still runs for `running_ms` (as long
+    # as the proxy keeps and renews a call: VQG_MAX_CALL_SECONDS and a TTL): a package expiring
+    # in that time is off too (16 requests admitted a minute before such an expiry ran on past
+    # it and billed 184,000, red-team stop 35; 90-minute calls outlived a TTL's lookahead and
+    # billed 680,500, stop 37).
     expiring = sum(p.available for p in packages
                    if p.expires_ms is not None and p.expires_ms <= valid_until + running_ms)
     step, counted_from = day_step(now_ms, packages, usage, *previous, lag_ms=lag,

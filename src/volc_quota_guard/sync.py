@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from . import metrics
 from .clock import MINUTE_MS, SKEW, SkewAlarm, to_beijing
-from .config import Settings
+from .config import Settings, reservation_keep_s
 from .errors import BillingAuthError, BillingError, GateError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Decision, Gate, PoolState
 from .limit import (
@@ -401,7 +401,11 @@ class SyncService:
             # raised by its later gate answers: `_last_seen`) is unseen too.
             unseen_tokens=max(cfg.unseen_day_tokens, seen.unsettled if lost and seen else 0,
                               int(other_bound) if other else 0),
-            lost=lost or other, running_ms=cfg.reservation_ttl_seconds * 1000)
+            # A call admitted just before the snapshot goes stale runs (renewed) up to the keep
+            # horizon: 40 calls of 90 minutes outlived a package expiring past a TTL's lookahead
+            # and billed 680,500 (red-team, stop 37).
+            lost=lost or other,
+            running_ms=int(reservation_keep_s(cfg.reservation_ttl_seconds, cfg.max_call_seconds) * 1000))
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,

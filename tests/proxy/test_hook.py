@@ -986,3 +986,20 @@ def test_no_sync_runs_on_a_distrusted_clock_and_one_runs_once_it_is_fixed(
         w.sync.records.write_sync_meta("acct-a", {"last_at": now - 60_000})
         assert svc.due("acct-a", [PoolSpec(POOL)], now) is None
     world(scenario)
+
+
+def test_a_call_may_not_run_past_the_longest_the_sync_plans_for(world: Callable[..., Any]) -> None:
+    """The sync keeps off the wall a package expiring within a snapshot's validity plus
+    VQG_MAX_CALL_SECONDS (and a TTL); a call allowed to run longer could outlive it (90-minute
+    calls billed 680,500 with a TTL's lookahead, red-team stop 37): its timeout is capped there."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        guard = QuotaGuard(load_settings(max_call_seconds=600),
+                           AsyncGate(connect_async(TEST_REDIS_URL), w.keyspace))
+        kw = call(max_tokens=10, call_id="long-1")
+        await guard.async_pre_call_deployment_hook(kw, "acompletion")  # LiteLLM's default: 6,000 s
+        assert kw["timeout"] == 600
+        kw = call(max_tokens=10, call_id="long-2", timeout=30)
+        await guard.async_pre_call_deployment_hook(kw, "acompletion")
+        assert kw["timeout"] == 30
+    world(scenario)

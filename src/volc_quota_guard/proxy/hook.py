@@ -172,12 +172,18 @@ class QuotaGuard(CustomLogger):
 
     # ---- renewals: a running request's reservation never reaches its deadline ----------------
 
-    def _keep_s(self, kwargs: Mapping[str, Any]) -> float:
+    def _keep_s(self, kwargs: dict[str, Any]) -> float:
         """How long a reservation may need to live: as long as LiteLLM lets its call run (the
-        call's `timeout`, else LiteLLM's default) plus a TTL (`config.reservation_keep_s`)."""
+        call's `timeout`, else LiteLLM's default, never beyond VQG_MAX_CALL_SECONDS, where the
+        call's timeout is capped: the sync keeps packages expiring within that of a snapshot's
+        validity off the wall) plus a TTL (`config.reservation_keep_s`)."""
         timeout = kwargs.get("timeout")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             timeout = litellm.request_timeout
+        most = self.config.max_call_seconds
+        if not isinstance(timeout, int | float) or timeout > most:
+            timeout = most
+            kwargs["timeout"] = most  # a call running past it could outlive a package's expiry
         return reservation_keep_s(self.config.reservation_ttl_seconds, float(timeout))
 
     def _keep_renewing(self) -> None:

@@ -280,7 +280,8 @@ class GuardStrategy:
         # The hook renews a running request's deadline a TTL ahead every third of one, up to
         # the call's timeout (config.reservation_keep_s): the reservation outlives its request.
         ttl_s = self.cfg.reservation_ttl_seconds
-        ttl_ms = round(1000 * (ttl_s + min(req.line.duration_seconds, reservation_keep_s(ttl_s) - ttl_s)))
+        keep_s = reservation_keep_s(ttl_s, self.cfg.max_call_seconds)
+        ttl_ms = round(1000 * (ttl_s + min(req.line.duration_seconds, keep_s - ttl_s)))
         crash = self.scenario.crash_ms
         if crash is not None and now <= crash < now + req.line.duration_seconds * 1000:
             # Its process dies while it runs: the deadline stays where the last renewal before
