@@ -127,6 +127,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _long_requests(seed, out)
     _given_up(seed, out)
     _incident_after_stop(seed, out)
+    _calls_past_expiry(seed, out)
     return out
 
 
@@ -326,6 +327,35 @@ def _incident_after_stop(seed: int, scenario: dict[str, object]) -> None:
         traffic.append({"at": _hhmm(stop - 1), "prompt": batch * 4 // 5, "completion": batch // 5,
                         "max_tokens": batch // 5 + 100, "duration_seconds": rng.randint(15, 30) * 60,
                         **counts})
+
+
+def _calls_past_expiry(seed: int, scenario: dict[str, object]) -> None:
+    """Calls of 45-100 minutes started up to their length before a package expires on day 1, under
+    syncs 30 or 60 minutes apart, from a generator of its own (stop 37): they end after it, on
+    what the other packages hold, and would spend that 1-2 times over (forty 90-minute calls
+    billed 680,500 while the expiry lookahead was a TTL)."""
+    rng = _in_fifteen_percent(f"past-expiry-{seed}")
+    if rng is None:
+        return
+    lo = max(_first_minute(scenario) + 120, 9 * 60)
+    if lo > 22 * 60:
+        return
+    expiry = rng.randint(lo, 22 * 60)  # Beijing minute of day 1
+    midnight = datetime.fromisoformat(str(scenario["start"])).replace(hour=0, minute=0, second=0)
+    expires = midnight + timedelta(minutes=expiry)
+    packages: list[dict[str, object]] = scenario["packages"]  # type: ignore[assignment]
+    rest = sum(int(str(p["amount"])) for p in packages)
+    packages.append({"amount": _log_uniform(rng, 200_000, 2_000_000),
+                     "acquired": (expires - timedelta(days=30)).isoformat(), "expires": expires.isoformat()})
+    duration = rng.randint(45, 100)
+    scenario["sync_interval_minutes"] = rng.choice([30, 60])
+    concurrency = rng.choice([8, 16, 24, 40])
+    completion = max(1_000, int(max(rest, 100_000) * rng.uniform(1.0, 2.0) / concurrency))
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    traffic.append({"at": _hhmm(expiry - rng.randint(duration // 2, duration - 1)), "day": 1,
+                    "concurrency": concurrency, "prompt": 1_000, "completion": completion,
+                    "max_tokens": completion, "duration_seconds": duration * 60,
+                    **_pool_counting(traffic)})
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:
