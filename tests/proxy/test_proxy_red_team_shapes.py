@@ -176,15 +176,22 @@ def test_a_gif_frame_larger_than_its_screen_is_reserved_at_the_frame_size(px: Pr
     fake) at 1 token each; Pillow decodes the frame whole: Ark's formula says 5,103 each."""
     data = gif_with_a_frame_past_its_screen(2000)
     assert Image.open(io.BytesIO(data)).size == (2000, 2000)
-    url = "data:image/gif;base64," + base64.b64encode(data).decode()
+    ten_images_reserved_and_billed_at_least(px, IMAGES[0], "rt1-img", "gif", data, 5_103)
+
+
+def ten_images_reserved_and_billed_at_least(px: Proxy, pool: str, model: str, kind: str,
+                                            data: bytes, each: int) -> None:
+    """Ten copies of the image in one chat call: the fake bills and the guard reserves at least
+    `each` tokens per image."""
+    url = f"data:image/{kind};base64," + base64.b64encode(data).decode()
     images = [{"type": "image_url", "image_url": {"url": url, "detail": "high"}} for _ in range(10)]
-    before = px.fake.pool_totals(IMAGES[0]).consumed
-    r = post(px, "/v1/chat/completions", {"model": "rt1-img", "max_tokens": 20, "messages": [
+    before = px.fake.pool_totals(pool).consumed
+    r = post(px, "/v1/chat/completions", {"model": model, "max_tokens": 20, "messages": [
         {"role": "user", "content": [*images, {"type": "text", "text": "hi [[fake completion=5]]"}]}]})
     assert r.status_code == 200, r.text[:300]
-    assert px.fake.pool_totals(IMAGES[0]).consumed - before >= 10 * 5_103
+    assert px.fake.pool_totals(pool).consumed - before >= 10 * each
     line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
-    assert int(re.search(r"reserved=(\d+)", line).group(1)) >= 10 * 5_103, line  # type: ignore[union-attr]
+    assert int(re.search(r"reserved=(\d+)", line).group(1)) >= 10 * each, line  # type: ignore[union-attr]
 
 
 def png_with_a_chunk_before_ihdr(side: int) -> bytes:
@@ -203,15 +210,8 @@ def test_a_png_with_a_chunk_before_ihdr_is_reserved_at_the_most(px: Proxy) -> No
     bills that size (Ark's formula: 5,120 each, high) and the guard reserves the most."""
     data = png_with_a_chunk_before_ihdr(3000)
     assert Image.open(io.BytesIO(data)).size == (3000, 3000)
-    url = "data:image/png;base64," + base64.b64encode(data).decode()
-    images = [{"type": "image_url", "image_url": {"url": url, "detail": "high"}} for _ in range(10)]
-    before = px.fake.pool_totals(PNGS[0]).consumed
-    r = post(px, "/v1/chat/completions", {"model": "rt1-png", "max_tokens": 20, "messages": [
-        {"role": "user", "content": [*images, {"type": "text", "text": "hi [[fake completion=5]]"}]}]})
-    assert r.status_code == 200, r.text[:300]
-    assert px.fake.pool_totals(PNGS[0]).consumed - before >= 10 * 5_120
-    line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
-    assert int(re.search(r"reserved=(\d+)", line).group(1)) >= 10 * 5_120, line  # type: ignore[union-attr]
+    ten_images_reserved_and_billed_at_least(px, PNGS[0], "rt1-png", "png", data, 5_120)
+
 
 def test_a_stored_response_can_be_read_and_deleted_through_the_proxy(px: Proxy) -> None:
     """GET and DELETE of a stored response bill nothing: they pass, and hold nothing in flight."""
