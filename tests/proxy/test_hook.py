@@ -1002,4 +1002,8 @@ def test_a_call_may_not_run_past_the_longest_the_sync_plans_for(world: Callable[
         kw = call(max_tokens=10, call_id="long-2", timeout=30)
         await guard.async_pre_call_deployment_hook(kw, "acompletion")
         assert kw["timeout"] == 30
+        for i, sent in enumerate(["86400", "1e9", "nan", "soon"]):  # LiteLLM reads strings too
+            kw = call(max_tokens=10, call_id=f"long-s{i}", timeout=sent)
+            await guard.async_pre_call_deployment_hook(kw, "acompletion")
+            assert kw["timeout"] == 600, sent
     world(scenario)

@@ -20,7 +20,9 @@ def consuming(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, st
     """A proxy with the sync thread and the consume task on, due from this very minute."""
     fake.set_chat_defaults(completion_tokens=10**9)  # the model writes until max_tokens
     now = fake.now_ms()
-    fake.add_package(POOL_A, 300_000, expires_ms=now + 2 * HOUR)  # expires before the next run
+    # Expires before the next run, and after the wall's expiry window (a snapshot's life and the
+    # longest call: 90 min + 6,000 s + a TTL), which no run can spend.
+    fake.add_package(POOL_A, 300_000, expires_ms=now + 4 * HOUR)
     fake.add_package(POOL_B, 300_000)  # 30 days to go: nothing to save tonight
     env = sync_env(fake, VQG_CONSUME_ENABLED="true", VQG_CONSUME_AT=f"{to_beijing(now):%H:%M}")
     p = start_proxy(tmp_path_factory.mktemp("consume"), fake, store_url, prefix, env=env)

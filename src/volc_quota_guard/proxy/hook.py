@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import sys
 import time
@@ -178,12 +179,17 @@ class QuotaGuard(CustomLogger):
         call's timeout is capped: the sync keeps packages expiring within that of a snapshot's
         validity off the wall) plus a TTL (`config.reservation_keep_s`)."""
         timeout = kwargs.get("timeout")
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        if isinstance(timeout, str):  # LiteLLM reads "100" as 100 s (red-team, stop 37)
+            try:
+                timeout = float(timeout)
+            except ValueError:
+                timeout = None
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             timeout = litellm.request_timeout
         most = self.config.max_call_seconds
-        if not isinstance(timeout, int | float) or timeout > most:
+        if not isinstance(timeout, int | float) or not timeout <= most:
             timeout = most
-            kwargs["timeout"] = most  # a call running past it could outlive a package's expiry
+        kwargs["timeout"] = timeout  # a call running past it could outlive a package's expiry
         return reservation_keep_s(self.config.reservation_ttl_seconds, float(timeout))
 
     def _keep_renewing(self) -> None:
