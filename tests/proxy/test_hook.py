@@ -1007,3 +1007,26 @@ def test_a_call_may_not_run_past_the_longest_the_sync_plans_for(world: Callable[
             await guard.async_pre_call_deployment_hook(kw, "acompletion")
             assert kw["timeout"] == 600, sent
     world(scenario)
+
+
+def test_a_stream_keeps_its_reservation_while_chunks_come(world: Callable[..., Any]) -> None:
+    """LiteLLM's timeout is a per-read one, so a stream may run past the keep horizon: each
+    chunk keeps its reservation (and its renewal) a TTL longer (red-team, stop 37: one lapsed
+    mid-stream and was counted at its deadline, not when Ark billed it)."""
+    async def scenario(w: World) -> None:
+        w.seed(100_000)
+        holder = types.SimpleNamespace()
+        kw = call(holder, max_tokens=100, stream=True)
+        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
+        (res,) = holder._vqg_state.live.values()
+        res.keep_until = time.monotonic() + 1  # as if the keep horizon were a second away
+
+        async def chunks() -> Any:
+            for i in range(3):
+                await asyncio.sleep(1)
+                yield i
+
+        request = {"litellm_logging_obj": holder}
+        got = [c async for c in w.guard.async_post_call_streaming_iterator_hook(None, chunks(), request)]
+        assert got == [0, 1, 2] and res.keep_until > time.monotonic() + 5
+    world(scenario, reservation_ttl_seconds=10)

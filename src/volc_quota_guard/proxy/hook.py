@@ -682,7 +682,14 @@ class QuotaGuard(CustomLogger):
         state = getattr(request_data.get("litellm_logging_obj"), "_vqg_state", None)
         if isinstance(state, RequestState) and state.live:
             state.stream = response  # LiteLLM's wrapper keeps the raw chunks as `.chunks`
+        alive_s = float(self.config.reservation_ttl_seconds)
         async for item in response:
+            if isinstance(state, RequestState):
+                # A stream is not bounded by its timeout (a per-read one): while chunks come,
+                # its reservations are kept and renewed (one lapsed mid-stream, red-team stop 37).
+                until = time.monotonic() + alive_s
+                for res in state.live.values():
+                    res.keep_until = max(res.keep_until, until)
             if isinstance(state, RequestState) and state.live \
                     and getattr(item, "type", None) in RESPONSES_TERMINAL_EVENTS:
                 done = getattr(item, "response", None)
