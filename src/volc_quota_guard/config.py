@@ -130,6 +130,11 @@ class Settings(BaseSettings):
                              f"exceed VQG_ESTIMATE_CORRECTION_MAX={self.estimate_correction_max}")
         return self
 
+    def longest_call_ms(self) -> int:
+        """How long after its admission a call may still be running (and renewed): the longest
+        call the hook lets run plus a TTL. The wall's expiry window reaches this far."""
+        return int(1000 * reservation_keep_s(self.reservation_ttl_seconds, self.max_call_seconds))
+
     def correction_ppm(self) -> tuple[int, int]:
         """The estimate correction's start and bound as the gate takes them (parts per million)."""
         return (round(self.estimate_correction_min * 1_000_000),

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 
 from . import admission, counting
 from .clock import MS_PER_DAY, SKEW, SkewAlarm, beijing_day, beijing_time_ms, next_beijing_midnight_ms
-from .config import Settings, reservation_keep_s
+from .config import Settings
 from .consume_plan import ConsumePlan, forecast_natural, plan_pool
 from .errors import ArkCallError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Gate, PoolState
@@ -119,8 +119,7 @@ class ConsumeTask:
             collection_room=d.daily_cap - d.used_today - buffer,
             balance_room=d.balance_wall - d.used_balance - buffer,
             # The wall's expiry window: a snapshot's life and the longest call (limit.py).
-            lead_ms=self.cfg.snapshot_max_age_minutes * 60_000 + RUN_MS + int(1000 * reservation_keep_s(
-                self.cfg.reservation_ttl_seconds, self.cfg.max_call_seconds)))
+            lead_ms=self.cfg.snapshot_max_age_minutes * 60_000 + RUN_MS + self.cfg.longest_call_ms())
         return plan, "", state
 
     # -- one pool -------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from . import metrics
 from .clock import MINUTE_MS, SKEW, SkewAlarm, to_beijing
-from .config import Settings, reservation_keep_s
+from .config import Settings
 from .errors import BillingAuthError, BillingError, GateError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Decision, Gate, PoolState
 from .limit import (
@@ -405,7 +405,7 @@ class SyncService:
             # horizon: 40 calls of 90 minutes outlived a package expiring past a TTL's lookahead
             # and billed 680,500 (red-team, stop 37).
             lost=lost or other,
-            running_ms=int(reservation_keep_s(cfg.reservation_ttl_seconds, cfg.max_call_seconds) * 1000))
+            running_ms=cfg.longest_call_ms())
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
                            correction_min_ppm=start, correction_max_ppm=top,

@@ -301,8 +301,9 @@ class Gate:
     def now_ms(self) -> int:
         """The gate's time: the injected clock, else the Redis server's (what the scripts use)."""
         pinned = self.args.clock.now_ms()
-        if pinned is not None:
-            return pinned
+        return self._server_ms() if pinned is None else pinned
+
+    def _server_ms(self) -> int:
         sec, usec = _call(self.client.time)
         return int(sec) * 1000 + int(usec) // 1000
 
@@ -312,9 +313,8 @@ class Gate:
         if self.args.clock.now_ms() is not None:
             return None
         before = host_s()
-        sec, usec = _call(self.client.time)
+        server = self._server_ms()
         after = host_s()
-        server = int(sec) * 1000 + int(usec) // 1000
         return server - int((before + after) * 500), int((after - before) * 500) + 1
 
     def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:

@@ -25,7 +25,7 @@ import fakeredis
 
 from .. import admission
 from ..clock import MINUTE_MS, ManualClock, beijing_day
-from ..config import MIN_OUTPUT_TOKENS, Settings, reservation_keep_s
+from ..config import MIN_OUTPUT_TOKENS, Settings
 from ..errors import GateError
 from ..fake.ledger import Ledger
 from ..gate import Gate
@@ -278,10 +278,11 @@ class GuardStrategy:
     def admit(self, req: SimRequest, now: int) -> Admission:
         need = self._need(req)  # the hook's rule (admission.sizing), on the line's numbers
         # The hook renews a running request's deadline a TTL ahead every third of one, up to
-        # the call's timeout (config.reservation_keep_s): the reservation outlives its request.
+        # the longest call it lets run (`Settings.longest_call_ms`): the reservation outlives its
+        # request.
         ttl_s = self.cfg.reservation_ttl_seconds
-        keep_s = reservation_keep_s(ttl_s, self.cfg.max_call_seconds)
-        ttl_ms = round(1000 * (ttl_s + min(req.line.duration_seconds, keep_s - ttl_s)))
+        ttl_ms = 1000 * ttl_s + min(round(1000 * req.line.duration_seconds),
+                                    self.cfg.longest_call_ms() - 1000 * ttl_s)
         crash = self.scenario.crash_ms
         if crash is not None and now <= crash < now + req.line.duration_seconds * 1000:
             # Its process dies while it runs: the deadline stays where the last renewal before
