@@ -193,21 +193,12 @@ def limits_for(model_info: Mapping[str, Any], upstream_model: str, *, default_ou
         default_output=default_output,
         reasoning_tokens=DEFAULT_REASONING_TOKENS if reasoning is None else reasoning,
         min_output=positive("vqg_min_output_tokens") or min_output,
-        context_window=positive("max_input_tokens") or _mapped_context(upstream_model),
+        # only the operator's word: LiteLLM's map may give less than Ark's window (the chain
+        # it sizes is then billed past its reservation)
+        context_window=positive("max_input_tokens"),
         media_part_tokens=positive("vqg_media_part_tokens") or None,
         method=method,
     )
-
-
-def _mapped_context(upstream_model: str) -> int | None:
-    import litellm
-
-    try:
-        info = litellm.get_model_info(f"volcengine/{upstream_model}")
-    except Exception:  # noqa: BLE001  unmapped models raise a bare Exception
-        return None
-    value = info.get("max_input_tokens")
-    return value if isinstance(value, int) and value > 0 else None
 
 
 @dataclass(frozen=True)
@@ -370,6 +361,11 @@ def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> 
         if view.get(name) is not None:
             raise InvalidRequest(name, f"{name}: server-side context the guard cannot size; "
                                        "send the conversation in the request instead")
+    if view.get("background") not in (None, False):  # the answer (and its usage) comes later
+        raise InvalidRequest("background", "background: a run Ark finishes after the request "
+                                           "returns is billed when the guard no longer watches it "
+                                           "(past a package expiry or midnight); it is refused for "
+                                           "guarded deployments")
     for name in REWRITTEN_AFTER_HOOK:
         if view.get(name) or params.get(name):
             raise InvalidRequest(name, f"{name}: LiteLLM adds to the messages after the quota guard "
@@ -455,9 +451,10 @@ def _chain(response_id: object, known: int | None, limits: Limits) -> int:
         return limits.context_window  # a stored conversation cannot exceed the model's context
     raise InvalidRequest(
         "previous_response_id", f"previous_response_id {response_id[:64]!r} was not answered "
-        "through this guard (or its record expired), and the model's context window is unknown, "
-        "so the stored conversation Ark would re-read cannot be sized; resend the conversation as "
-        "input, or set model_info.max_input_tokens")
+        "through this guard (or its record expired), and the deployment declares no context window "
+        "(model_info.max_input_tokens), so the stored conversation Ark would re-read cannot be "
+        "sized; resend the conversation as input, or set model_info.max_input_tokens to the "
+        "model's context window on Ark")
 
 
 def count_input(view: Mapping[str, Any], route: Route, limits: Limits) -> int:

@@ -66,9 +66,10 @@ class Settings(BaseSettings):
         default=900, ge=10, le=86_400,
         description="After this, an unsettled reservation counts as consumed.")
     max_call_seconds: float = Field(
-        default=UPSTREAM_TIMEOUT_S, ge=60, le=86_400,
-        description="The longest a guarded call may run: the hook caps its timeout here, and a "
-                    "package expiring before a snapshot's validity plus this is kept off the wall.")
+        default=UPSTREAM_TIMEOUT_S, ge=1, le=86_400,
+        description="The longest a guarded call may run: the hook caps its timeout here and cuts "
+                    "a stream still running then, and a package expiring before a snapshot's "
+                    "validity plus this is kept off the wall.")
     snapshot_max_age_minutes: int = Field(default=90, ge=5, le=1440,
                                           description="Older snapshots give no headroom.")
     evict_below: int = Field(default=1_000, ge=0, le=10_000_000,

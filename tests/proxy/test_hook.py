@@ -1009,24 +1009,48 @@ def test_a_call_may_not_run_past_the_longest_the_sync_plans_for(world: Callable[
     world(scenario)
 
 
-def test_a_stream_keeps_its_reservation_while_chunks_come(world: Callable[..., Any]) -> None:
-    """LiteLLM's timeout is a per-read one, so a stream may run past the keep horizon: each
-    chunk keeps its reservation (and its renewal) a TTL longer (red-team, stop 37: one lapsed
-    mid-stream and was counted at its deadline, not when Ark billed it)."""
+def test_a_stream_is_cut_at_the_calls_deadline(world: Callable[..., Any]) -> None:
+    """LiteLLM's timeout is a per-read one: a stream whose chunks keep coming ran past
+    VQG_MAX_CALL_SECONDS (105 s against a 70 s cap, red-team stop 37), past the package expiry
+    the sync planned for. The hook cuts it at the deadline, even mid-wait, and closes it."""
     async def scenario(w: World) -> None:
         w.seed(100_000)
+        guard = QuotaGuard(load_settings(max_call_seconds=1.5),
+                           AsyncGate(connect_async(TEST_REDIS_URL), w.keyspace))
         holder = types.SimpleNamespace()
         kw = call(holder, max_tokens=100, stream=True)
-        await w.guard.async_pre_call_deployment_hook(kw, "acompletion")
-        (res,) = holder._vqg_state.live.values()
-        res.keep_until = time.monotonic() + 1  # as if the keep horizon were a second away
+        await guard.async_pre_call_deployment_hook(kw, "acompletion")
+        assert kw["timeout"] == 1.5
+        closed: list[bool] = []
 
-        async def chunks() -> Any:
-            for i in range(3):
-                await asyncio.sleep(1)
-                yield i
+        class Upstream:
+            def __init__(self, gaps: list[float]) -> None:
+                self.gaps = iter(gaps)
+
+            def __aiter__(self) -> Upstream:
+                return self
+
+            async def __anext__(self) -> float:
+                gap = next(self.gaps, None)
+                if gap is None:
+                    raise StopAsyncIteration
+                await asyncio.sleep(gap)
+                return gap
+
+            async def aclose(self) -> None:
+                closed.append(True)
 
         request = {"litellm_logging_obj": holder}
-        got = [c async for c in w.guard.async_post_call_streaming_iterator_hook(None, chunks(), request)]
-        assert got == [0, 1, 2] and res.keep_until > time.monotonic() + 5
-    world(scenario, reservation_ttl_seconds=10)
+        got: list[float] = []
+        started = time.monotonic()
+        with pytest.raises(litellm.Timeout, match="VQG_MAX_CALL_SECONDS"):
+            async for c in guard.async_post_call_streaming_iterator_hook(
+                    None, Upstream([0.5, 0.5, 5.0, 0.1]), request):  # the third read stalls
+                got.append(c)
+        assert got == [0.5, 0.5] and closed == [True]
+        assert time.monotonic() - started < 3  # cut at the deadline, not after the stalled read
+        # an unguarded stream (no reservation) passes whole
+        plain = [c async for c in guard.async_post_call_streaming_iterator_hook(
+            None, Upstream([0.0, 0.0]), {})]
+        assert plain == [0.0, 0.0]
+    world(scenario)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from proxy_support import POOL_SOLO, Proxy, call_id, start_proxy, stop_proxy
 
@@ -132,3 +133,20 @@ def test_a_literal_extra_body_overrides_the_billed_fields_upstream(proxy: Proxy)
     assert only_body(proxy, "/api/v3/responses")["input"] == "[[fake prompt=700]]"
     # n: 2 reads the prompt twice (the dearer reading of Ark's undocumented `n`)
     assert [r.prompt_tokens for r in proxy.fake.chat_requests()] == [2 * 900, 800, 700]
+
+
+def test_a_background_response_is_refused_naming_the_field(proxy: Proxy) -> None:
+    """`background: true` makes Ark finish the run after the request returns: its usage arrives
+    when the guard no longer watches (past a package expiry, past midnight). A 400 naming it,
+    also when it comes in through extra_body; nothing reaches Ark."""
+    client = proxy.client()
+    # (a top-level `background` LiteLLM itself refuses for Volcengine; extra_body reaches Ark)
+    with pytest.raises(openai.BadRequestError, match="background: a run Ark finishes"):
+        client.responses.create(model="solo", input="hi",
+                                extra_body={"extra_body": {"background": True}},
+                                extra_headers={"x-litellm-call-id": call_id()})
+    assert upstream(proxy, "/api/v3/responses") == []
+    client.responses.create(model="solo", input="hi",
+                            extra_body={"extra_body": {"background": False}},
+                            extra_headers={"x-litellm-call-id": call_id()})
+    assert len(upstream(proxy, "/api/v3/responses")) == 1

@@ -10,7 +10,7 @@ directive in the last user message (chat), the input text (Responses) or any inp
 (embeddings)::
 
     [[fake prompt=1000 completion=500 reasoning=3000 cached=0 media=200000
-            usage=missing delay=0.5 status=429 cut=2]]
+            usage=missing delay=0.5 status=429 cut=2 pace=0.5]]
 
 Chat billing rules:
 
@@ -51,8 +51,10 @@ completion time — before the response
 (non-streaming) or before the final chunk (streaming) — so a client that has read the answer
 sees the ledger already charged; beyond the free balance it is billed. ``cut=N`` ends a
 stream after N content chunks with no usage and no ``[DONE]``; the full amount is still
-consumed (the upstream billed what it generated). ``status=`` answers that error and
-consumes nothing.
+consumed (the upstream billed what it generated). ``pace=S`` waits S seconds before each
+streamed content chunk; a client that leaves mid-stream does not stop the generation, which is
+charged when it ends (the dearer reading: Ark runs a call on). ``status=`` answers that error
+and consumes nothing.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class Directive:
     delay: float | None = None
     status: int | None = None
     cut: int | None = None
+    pace: float = 0.0  # seconds before each streamed content chunk (Ark generating slowly)
 
 
 def openai_error(status: int, message: str, code: str | None = None,
@@ -156,8 +159,8 @@ def parse_directive_text(text: str) -> Directive:
         try:
             if key in _INT_KEYS:
                 values[key] = int(value)
-            elif key == "delay":
-                values["delay"] = float(value)
+            elif key in ("delay", "pace"):
+                values[key] = float(value)
             elif key == "usage" and value in ("missing", "present"):
                 values["usage_missing"] = value == "missing"
             else:
@@ -556,6 +559,8 @@ def handle_chat(state: FakeState, header: Callable[[str], str | None],
                     if left <= 0:
                         break
                     left -= 1
+                if directive.pace > 0:
+                    time.sleep(directive.pace)
                 yield chunk([{"index": i, "delta": {key: piece}, "finish_reason": None}])
         charge()
         if directive.cut is not None:

@@ -7,6 +7,7 @@ and the per-request state in each of them, in one place.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -54,6 +55,7 @@ class Reservation:
     route: str = ""  # the route kind it was sized for ("messages": its chat half may ride it)
     handed_over: bool = False  # a /v1/messages reservation its chat half already rode
     keep_until: float = 0.0  # monotonic: kept (and its deadline renewed) until then (`remember`)
+    call_until: float = math.inf  # monotonic: a stream still running then is cut (the call's deadline)
 
 
 @dataclass

@@ -44,9 +44,9 @@ import sys
 import time
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
@@ -173,11 +173,11 @@ class QuotaGuard(CustomLogger):
 
     # ---- renewals: a running request's reservation never reaches its deadline ----------------
 
-    def _keep_s(self, kwargs: dict[str, Any]) -> float:
-        """How long a reservation may need to live: as long as LiteLLM lets its call run (the
-        call's `timeout`, else LiteLLM's default, never beyond VQG_MAX_CALL_SECONDS, where the
-        call's timeout is capped: the sync keeps packages expiring within that of a snapshot's
-        validity off the wall) plus a TTL (`config.reservation_keep_s`)."""
+    def _call_s(self, kwargs: dict[str, Any]) -> float:
+        """How long LiteLLM may let this call run: its `timeout`, else LiteLLM's default, never
+        beyond VQG_MAX_CALL_SECONDS (the sync keeps packages expiring within that of a snapshot's
+        validity off the wall). The call's timeout is capped there; a stream, whose timeout is a
+        per-read one, is cut there by the streaming hook."""
         timeout = kwargs.get("timeout")
         if isinstance(timeout, str):  # LiteLLM reads "100" as 100 s (red-team, stop 37)
             try:
@@ -190,7 +190,7 @@ class QuotaGuard(CustomLogger):
         if not isinstance(timeout, int | float) or not timeout <= most:
             timeout = most
         kwargs["timeout"] = timeout  # a call running past it could outlive a package's expiry
-        return reservation_keep_s(self.config.reservation_ttl_seconds, float(timeout))
+        return float(timeout)
 
     def _keep_renewing(self) -> None:
         loop = asyncio.get_running_loop()
@@ -554,7 +554,9 @@ class QuotaGuard(CustomLogger):
                           inp, sizing.per_choice, d.amount,
                           per_choice if per_choice < sizing.per_choice else None,
                           state=state, choices=sizing.choices, route=route.kind)
-        self.reservations.remember(res, self._keep_s(kwargs))
+        call_s = self._call_s(kwargs)
+        res.call_until = res.created + call_s
+        self.reservations.remember(res, reservation_keep_s(self.config.reservation_ttl_seconds, call_s))
         self._keep_renewing()
         state.live[guard.model_id] = res
         if res.clamped_to is not None:
@@ -674,30 +676,61 @@ class QuotaGuard(CustomLogger):
 
     async def async_post_call_streaming_iterator_hook(self, user_api_key_dict: Any, response: Any,
                                                       request_data: dict) -> AsyncGenerator[Any, None]:
-        """Pass the stream through untouched, noting whether the upstream sent a usage frame.
+        """Pass the stream through untouched, noting whether the upstream sent a usage frame, and
+        cut it at the call's deadline.
 
         Without that frame LiteLLM fills the usage in by counting tokens locally; that count is
         an estimate and must not replace the reservation (the upstream may have used more).
+        LiteLLM's timeout is a per-read one: a stream whose chunks keep coming would run past
+        VQG_MAX_CALL_SECONDS, and past a package expiry the sync planned for (a 105 s stream
+        against a 70 s cap, one that outlived an expiry billed 35,636; red-team, stop 37).
         """
         state = getattr(request_data.get("litellm_logging_obj"), "_vqg_state", None)
-        if isinstance(state, RequestState) and state.live:
+        live = state.live if isinstance(state, RequestState) else {}
+        if live and isinstance(state, RequestState):
             state.stream = response  # LiteLLM's wrapper keeps the raw chunks as `.chunks`
-        alive_s = float(self.config.reservation_ttl_seconds)
-        async for item in response:
-            if isinstance(state, RequestState):
-                # A stream is not bounded by its timeout (a per-read one): while chunks come,
-                # its reservations are kept and renewed (one lapsed mid-stream, red-team stop 37).
-                until = time.monotonic() + alive_s
-                for res in state.live.values():
-                    res.keep_until = max(res.keep_until, until)
-            if isinstance(state, RequestState) and state.live \
+        deadline = min((res.call_until for res in live.values()), default=math.inf)
+        chunks = aiter(response)
+        while True:
+            left = deadline - time.monotonic()
+            try:  # the read runs in this task (LiteLLM's iterators keep per-task context)
+                async with asyncio.timeout(None if left == math.inf else max(0.0, left)) as timer:
+                    item = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if not timer.expired():
+                    raise  # the stream's own
+                await self._cut(response, live.values())
+            if isinstance(state, RequestState) and live \
                     and getattr(item, "type", None) in RESPONSES_TERMINAL_EVENTS:
                 done = getattr(item, "response", None)
                 state.responses_usage = upstream_responses_usage(getattr(done, "usage", None))
                 if item.type == "response.completed":
-                    for res in list(state.live.values()):  # before the client can send a follow-up
+                    for res in list(live.values()):  # before the client can send a follow-up
                         await self._record_stored(res, done, trusted=state.responses_usage)
             yield item
+
+    async def _cut(self, response: Any, live: Iterable[Reservation]) -> NoReturn:
+        """End a stream at its deadline: close the upstream connection and fail the request. Ark
+        may run the call on; the failure settles each reservation whole, as running."""
+        held = list(live)
+        for res in held:
+            log.warning("⏱️ [DEADLINE] %s call=%s: the stream ran %.0f s, past VQG_MAX_CALL_SECONDS "
+                        "(%s s); cut, its reservation counts whole pool=%s", res.upstream_model,
+                        res.call_id, time.monotonic() - res.created, f"{self.config.max_call_seconds:g}",
+                        res.pool)
+        close = getattr(response, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:  # noqa: BLE001  the connection is dropped anyway
+                log.debug("closing a cut stream failed", exc_info=True)
+        model = held[0].upstream_model if held else ""
+        raise litellm.Timeout(
+            message=f"quota guard: the stream ran past VQG_MAX_CALL_SECONDS "
+                    f"({self.config.max_call_seconds:g} s) and was cut", model=model,
+            llm_provider="volcengine")
 
     # ---- stored responses ----------------------------------------------------------------
 

@@ -1,0 +1,79 @@
+"""A call may not run past VQG_MAX_CALL_SECONDS: the sync plans package expiries around it."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from proxy_support import MASTER_KEY, POOL_SOLO, Proxy, call_id, start_proxy, stop_proxy
+
+from volc_quota_guard.fake import FakeVolcengine
+
+pytestmark = pytest.mark.proxy
+
+CAP_S = 3
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
+          prefix: str) -> Iterator[Proxy]:
+    p = start_proxy(tmp_path_factory.mktemp("deadline"), fake, store_url, prefix,
+                    env={"VQG_MAX_CALL_SECONDS": str(CAP_S)})
+    yield p
+    stop_proxy(p)
+
+
+def test_a_stream_whose_chunks_keep_coming_is_cut_at_the_cap(proxy: Proxy) -> None:
+    """LiteLLM's timeout is a per-read one: a slow stream whose chunks keep coming ran 105 s
+    against a 70 s cap, and one that outlived a package expiry billed 35,636 (red-team, stop 37).
+    The proxy cuts it at the cap; Ark may run it on, so its reservation counts whole."""
+    proxy.seed(POOL_SOLO, 1_000_000)
+    proxy.fake.clear_chat_requests()
+    cid = call_id()
+    before = proxy.state(POOL_SOLO).get("ucum")
+    text = "hi [[fake completion=400 pace=0.6]]"  # ~12 chunks, 0.6 s apart: ~7 s of stream
+    started = time.monotonic()
+    body = b""
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=60,
+                      headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid},
+                      json={"model": "solo", "stream": True, "max_tokens": 600,
+                            "messages": [{"role": "user", "content": text}]}) as r:
+        assert r.status_code == 200
+        try:
+            for part in r.iter_bytes():
+                body += part
+        except httpx.HTTPError:
+            pass  # the proxy may drop the connection instead of an error event
+    took = time.monotonic() - started
+    assert took < CAP_S + 2.5, took  # cut at the cap, not at the stream's ~7 s end
+    assert b"VQG_MAX_CALL_SECONDS" in body, body[-500:]  # an error event names the cap
+    cut = proxy.wait_for_log(rf"\[DEADLINE\].*call={cid}")
+    assert "VQG_MAX_CALL_SECONDS (3 s)" in cut[-1], cut
+    line = proxy.wait_for_log(rf"\[Usage\].*call={cid}")[-1]
+    reserved = int(re.search(r"reserved=(\d+)", line).group(1))
+    counted = int(re.search(r"counted=(\d+)", line).group(1))
+    assert "source=unavailable" in line and counted >= reserved > 600, line
+    assert proxy.state(POOL_SOLO).get("ucum") - before == counted
+    # Ark ran it on (the fake's reading): its bill lands later, within what was counted.
+    deadline = time.monotonic() + 15
+    while not (ran := [c for c in proxy.fake.chat_requests() if c.stream]):
+        assert time.monotonic() < deadline, "the fake never charged the cut stream"
+        time.sleep(0.2)
+    assert 0 < ran[0].consumed <= counted
+
+
+def test_a_fast_stream_under_the_cap_is_untouched(proxy: Proxy) -> None:
+    proxy.seed(POOL_SOLO, 1_000_000)
+    cid = call_id()
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=60,
+                      headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid},
+                      json={"model": "solo", "stream": True, "max_tokens": 600,
+                            "messages": [{"role": "user", "content": "hi [[fake pace=0.1]]"}]}) as r:
+        body = r.read()
+    assert r.status_code == 200 and b"[DONE]" in body
+    line = proxy.wait_for_log(rf"\[Usage\].*call={cid}")[-1]
+    assert "source=measured" in line, line
+    assert not re.search(rf"\[DEADLINE\].*call={cid}", proxy.log())
