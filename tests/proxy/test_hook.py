@@ -1021,6 +1021,11 @@ def test_a_stream_is_cut_at_the_calls_deadline(world: Callable[..., Any]) -> Non
         kw = call(holder, max_tokens=100, stream=True)
         await guard.async_pre_call_deployment_hook(kw, "acompletion")
         assert kw["timeout"] == 1.5
+        # a fallback LiteLLM switched to mid-stream holds its own reservation (red-team, stop 38)
+        await guard.async_pre_call_deployment_hook(call(holder, model_id="dep-b", max_tokens=100,
+                                                        stream=True), "acompletion")
+        held, used = w.state()["inflight"], w.state()["ucum"]
+        assert held > 200 and len(holder._vqg_state.live) == 2
         closed: list[bool] = []
 
         class Upstream:
@@ -1048,6 +1053,9 @@ def test_a_stream_is_cut_at_the_calls_deadline(world: Callable[..., Any]) -> Non
                     None, Upstream([0.5, 0.5, 5.0, 0.1]), request):  # the third read stalls
                 got.append(c)
         assert got == [0.5, 0.5] and closed == [True]
+        # both settled whole, now (not at their expiry, an hour on): Ark may still run them
+        assert w.state()["inflight"] == 0 and w.state()["ucum"] - used >= held
+        assert not holder._vqg_state.live
         assert time.monotonic() - started < 3  # cut at the deadline, not after the stalled read
         # an unguarded stream (no reservation) passes whole
         plain = [c async for c in guard.async_post_call_streaming_iterator_hook(

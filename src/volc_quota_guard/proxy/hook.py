@@ -44,7 +44,7 @@ import sys
 import time
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -685,9 +685,10 @@ class QuotaGuard(CustomLogger):
         VQG_MAX_CALL_SECONDS, and past a package expiry the sync planned for (a 105 s stream
         against a 70 s cap, one that outlived an expiry billed 35,636; red-team, stop 37).
         """
-        state = getattr(request_data.get("litellm_logging_obj"), "_vqg_state", None)
-        live = state.live if isinstance(state, RequestState) else {}
-        if live and isinstance(state, RequestState):
+        found = getattr(request_data.get("litellm_logging_obj"), "_vqg_state", None)
+        state = found if isinstance(found, RequestState) else RequestState()
+        live = state.live
+        if live:
             state.stream = response  # LiteLLM's wrapper keeps the raw chunks as `.chunks`
         deadline = min((res.call_until for res in live.values()), default=math.inf)
         chunks = aiter(response)
@@ -701,9 +702,8 @@ class QuotaGuard(CustomLogger):
             except TimeoutError:
                 if not timer.expired():
                     raise  # the stream's own
-                await self._cut(response, live.values())
-            if isinstance(state, RequestState) and live \
-                    and getattr(item, "type", None) in RESPONSES_TERMINAL_EVENTS:
+                await self._cut(response, state)
+            if live and getattr(item, "type", None) in RESPONSES_TERMINAL_EVENTS:
                 done = getattr(item, "response", None)
                 state.responses_usage = upstream_responses_usage(getattr(done, "usage", None))
                 if item.type == "response.completed":
@@ -711,15 +711,20 @@ class QuotaGuard(CustomLogger):
                         await self._record_stored(res, done, trusted=state.responses_usage)
             yield item
 
-    async def _cut(self, response: Any, live: Iterable[Reservation]) -> NoReturn:
-        """End a stream at its deadline: close the upstream connection and fail the request. Ark
-        may run the call on; the failure settles each reservation whole, as running."""
-        held = list(live)
+    async def _cut(self, response: Any, state: RequestState) -> NoReturn:
+        """End a stream at its deadline: close the upstream connection, settle each reservation
+        it holds whole, as a call Ark may still run (a fallback LiteLLM switched to mid-stream
+        has no failure hook of its own: red-team, stop 38), and fail the request."""
+        held = [res for res in state.live.values() if res.rid in self.reservations]
         for res in held:
             log.warning("⏱️ [DEADLINE] %s call=%s: the stream ran %.0f s, past VQG_MAX_CALL_SECONDS "
                         "(%s s); cut, its reservation counts whole pool=%s", res.upstream_model,
                         res.call_id, time.monotonic() - res.created, f"{self.config.max_call_seconds:g}",
                         res.pool)
+            try:
+                await self._retire(res, state, "deadline")
+            except Exception:  # noqa: BLE001  it then expires as consumed: never a pass
+                log.exception("settling a cut stream failed; the reservation expires as consumed")
         close = getattr(response, "aclose", None)
         if close is not None:
             try:
