@@ -3,12 +3,12 @@
 Hypothesis draws bodies a client could send — `extra_body` overrides, `n`, thinking switches,
 every cap field (good and bad), streams, images and video parts, Responses chains, embeddings,
 comma fan-outs, text cl100k merges and others split, thousands of empty text parts, a long
-message key, Responses items that are not messages — one at a time. For each, Ark's ledger must
-show at most what the guard reserved for that call (the `reserved=` of its Usage line; nothing
-at all when the guard refused), and no answer may be a 5xx. Four pools take the traffic: a
-large one, and three small ones that reach their walls (a model of unknown tokenizer, a Doubao
-one, a DeepSeek one), where the fake's `billed` must stay 0. `VQG_SHAPE_FUZZ_EXAMPLES` sets the
-number of bodies (default 300; CI runs the default).
+message key, Responses items that are not messages, `background` runs — one at a time. For
+each, Ark's ledger must show at most what the guard reserved for that call (the `reserved=` of
+its Usage line; nothing at all when the guard refused), and no answer may be a 5xx. Four pools
+take the traffic: a large one, and three small ones that reach their walls (a model of unknown
+tokenizer, a Doubao one, a DeepSeek one), where the fake's `billed` must stay 0.
+`VQG_SHAPE_FUZZ_EXAMPLES` sets the number of bodies (default 300; CI runs the default).
 """
 
 from __future__ import annotations
@@ -141,6 +141,8 @@ def responses_body(draw: st.DrawFn) -> dict[str, Any]:
     body["previous_response_id"] = draw(st.sampled_from(["<last>"] * 3 + [None] * 2 + ["resp_bogus"]))
     if draw(st.booleans()):
         body["extra_body"] = {"input": "extra " * draw(st.integers(1, 3_000))}
+    if draw(st.integers(0, 7)) == 0:  # a run Ark finishes after the answer: refused (400)
+        body.setdefault("extra_body", {})["background"] = True
     body["stream"] = draw(st.booleans())
     return body
 
