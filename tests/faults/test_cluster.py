@@ -100,6 +100,33 @@ def test_gate_verbs_run_on_every_master_and_survive_a_script_flush(cluster: Redi
     assert Gate(client, keyspace).now_ms() > 0  # the cluster's TIME, from one master
 
 
+def test_the_clock_check_reads_every_master(cluster: RedisCluster, keyspace: KeySpace,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pool's scripts read the clock of its own master: one master 600 s fast is caught
+    whichever master a key-less TIME would have reached (it read one only: stop 37)."""
+    client = connect(cluster.url, cluster=True)
+    gate = Gate(client, keyspace)
+    primaries = client.get_primaries()
+    assert len(primaries) == 3
+    real = client.time
+    off = primaries[2].name
+
+    def time_of(target_nodes: object = None, **kw: object) -> object:
+        sec, usec = real(target_nodes=target_nodes, **kw)
+        return (sec + 600, usec) if getattr(target_nodes, "name", None) == off else (sec, usec)
+
+    monkeypatch.setattr(client, "time", time_of)
+    skew, slack = gate.clock_skew_ms()
+    assert 599_000 < skew - slack and skew < 601_000
+    cfg = load_settings(max_clock_skew_seconds=2)
+    svc = SyncService(cfg, gate, lambda: [], lambda account: None)  # type: ignore[arg-type, return-value]
+    svc.check_clock()
+    assert svc.alarm.reason is not None and "+600" in svc.alarm.reason
+    monkeypatch.setattr(client, "time", real)
+    svc.check_clock()
+    assert svc.alarm.reason is None
+
+
 def test_a_plain_client_on_a_cluster_fails_closed_and_says_what_to_set(cluster: RedisCluster,
                                                                         keyspace: KeySpace) -> None:
     """Without VQG_REDIS_CLUSTER a pool on another master is a clear store error (fail closed)

@@ -312,10 +312,20 @@ class Gate:
         trip), in ms; None when a clock is injected (the gate does not read Redis's then)."""
         if self.args.clock.now_ms() is not None:
             return None
-        before = host_s()
-        server = self._server_ms()
-        after = host_s()
-        return server - int((before + after) * 500), int((after - before) * 500) + 1
+        # Each pool's scripts read the clock of the node holding its keys: on a Cluster, every
+        # primary's is checked, and the one furthest off is the reading.
+        nodes: list[Any] = self.client.get_primaries() if is_cluster(self.client) else [None]
+        worst: tuple[int, int] | None = None
+        for node in nodes:
+            before = host_s()
+            sec, usec = _call(self.client.time) if node is None \
+                else _call(lambda n=node: self.client.time(target_nodes=n))
+            after = host_s()
+            server = int(sec) * 1000 + int(usec) // 1000
+            reading = server - int((before + after) * 500), int((after - before) * 500) + 1
+            if worst is None or abs(reading[0]) - reading[1] > abs(worst[0]) - worst[1]:
+                worst = reading
+        return worst
 
     def timeline(self, pool: str, since_ms: int = 0) -> tuple[list[tuple[int, int]], int]:
         """The pool's (minute, lifetime usage) entries from `since_ms` on, ascending, and the
