@@ -314,12 +314,14 @@ class Gate:
             return None
         # Each pool's scripts read the clock of the node holding its keys: on a Cluster, every
         # primary's is checked, and the one furthest off is the reading.
-        nodes: list[Any] = self.client.get_primaries() if is_cluster(self.client) else [None]
+        client: Any = self.client
+        nodes: list[Any] = client.get_primaries() if is_cluster(client) else [None]
         worst: tuple[int, int] | None = None
         for node in nodes:
+            def read(node: Any = node) -> Any:
+                return client.time() if node is None else client.time(target_nodes=node)
             before = host_s()
-            sec, usec = _call(self.client.time) if node is None \
-                else _call(lambda n=node: self.client.time(target_nodes=n))
+            sec, usec = _call(read)
             after = host_s()
             server = int(sec) * 1000 + int(usec) // 1000
             reading = server - int((before + after) * 500), int((after - before) * 500) + 1
