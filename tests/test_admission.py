@@ -406,3 +406,15 @@ def test_images_at_any_depth_of_a_byte_bounded_part_are_reserved_at_arks_formula
     bad = {"type": "tool_result", "content": [{"type": "image_url", "image_url": {}}]}
     with pytest.raises(InvalidRequest, match=r"messages\[0\]\.content\[0\]\.content\[0\]"):
         size(chat([bad]), CHAT, LIMITS)
+
+
+@pytest.mark.parametrize("key", ["N", "Max_Completion_Tokens", "Background", "Previous_Response_Id",
+                                 "CONVERSATION", "Messages"])
+def test_a_field_in_another_case_is_refused_naming_it(key: str) -> None:
+    """A JSON decoder that matches names regardless of case (Go's) reads `N: 16` as n: 16, or a
+    second cap over the pinned one: the guard would not have sized it (red-team, stop 38)."""
+    with pytest.raises(admission.InvalidRequest) as err:
+        size(chat("hi", extra_body={key: 16}), CHAT, LIMITS)
+    assert err.value.param == key and key.lower() in str(err.value)
+    with pytest.raises(admission.InvalidRequest):
+        size({"input": "hi", key: 16}, RESPONSES, LIMITS)

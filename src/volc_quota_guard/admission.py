@@ -353,6 +353,14 @@ def _header_names(headers: object, field: str) -> list[object]:
 
 
 def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> None:
+    for key in view:  # Ark's fields are lowercase; a decoder matching names regardless of case
+        # (Go's encoding/json) would read `N` as n, or a second `Max_Completion_Tokens` over the
+        # pinned cap, unsized (red-team, stop 38)
+        if isinstance(key, str) and key != key.lower():
+            raise InvalidRequest(key, f"{key}: Ark's fields are lowercase, and a JSON decoder that "
+                                      f"matches names regardless of case would read it as "
+                                      f"{key.lower()!r}, which the quota guard did not size; send "
+                                      f"{key.lower()!r}")
     if params.get("additional_drop_params"):  # LiteLLM drops them after the hook: the pinned cap too
         raise InvalidRequest("additional_drop_params", "additional_drop_params may remove the output "
                                                        "cap the guard pins; it is refused for guarded "

@@ -150,3 +150,18 @@ def test_a_background_response_is_refused_naming_the_field(proxy: Proxy) -> None
                             extra_body={"extra_body": {"background": False}},
                             extra_headers={"x-litellm-call-id": call_id()})
     assert len(upstream(proxy, "/api/v3/responses")) == 1
+
+
+def test_a_field_in_another_case_is_refused_before_ark(proxy: Proxy) -> None:
+    """LiteLLM passes `extra_body` keys through as written; Ark's decoder may match names
+    regardless of case (`N: 16` as n), so a field in another case is a 400 naming it."""
+    client = proxy.client()
+    with pytest.raises(openai.BadRequestError, match="'n'"):
+        client.chat.completions.create(model="solo", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"N": 16},
+                                       extra_headers={"x-litellm-call-id": call_id()})
+    with pytest.raises(openai.BadRequestError, match="'max_output_tokens'"):
+        client.responses.create(model="solo", input="hi",
+                                extra_body={"extra_body": {"Max_Output_Tokens": 60_000}},
+                                extra_headers={"x-litellm-call-id": call_id()})
+    assert upstream(proxy, "/api/v3/chat/completions") == upstream(proxy, "/api/v3/responses") == []
