@@ -27,15 +27,18 @@ SHAPES = {  # model name -> (pool, free tokens)
     "embed": ("acct-c/embed-model-260101", 60_000),
     "resp": ("acct-c/resp-model-260101", 150_000),  # a 22k prompt is held at 3x (the ceiling)
     "media": ("acct-c/media-model-260101", 60_000),
+    # a conversation stored through one model, continued through another (declaring 5,000)
+    "ctx-a": ("acct-c/ctxa-model-260101", 200_000),
+    "ctx-b": ("acct-c/ctxb-model-260101", 25_000),
 }
+INFO = {"embed": {"mode": "embedding"}, "ctx-b": {"max_input_tokens": 5_000}}
 
 
 @pytest.fixture(scope="module")
 def shaped(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
            prefix: str) -> Iterator[Proxy]:
     """A syncing proxy whose only source of truth is the fake's ListResourcePackages."""
-    deployments = [ark_deployment(name, pool, **({"mode": "embedding"} if name == "embed" else {}))
-                   for name, (pool, _) in SHAPES.items()]
+    deployments = [ark_deployment(name, pool, **INFO.get(name, {})) for name, (pool, _) in SHAPES.items()]
     p = start_syncing_proxy(tmp_path_factory.mktemp("shapes"), fake, store_url, prefix,
                             dict(SHAPES.values()), deployments,
                             VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="1000")
@@ -143,6 +146,21 @@ def test_response_follow_ups_reserve_the_stored_chain(shaped: Proxy) -> None:
     assert codes[-1] == 429 and set(codes) <= {200, 429}, codes
     settled(shaped, "resp")
     assert billed(shaped, "resp") == 0
+
+
+def test_a_follow_up_through_another_model_reserves_the_stored_chain(shaped: Proxy) -> None:
+    """The guard's record of a stored conversation is not per pool: continued through another
+    model (same account), whose declared window is smaller, it is still reserved whole (a
+    60,100-token conversation billed 60,155 against 8,576 reserved, red-team stop 38)."""
+    first = post(shaped, "/v1/responses", {"model": "ctx-a", "input": "word " * 20_000,
+                                           "max_output_tokens": 200})
+    assert first.status_code == 200, first.text
+    r = post(shaped, "/v1/responses", {"model": "ctx-b", "input": "and then?",
+                                       "previous_response_id": first.json()["id"],
+                                       "max_output_tokens": 200})
+    assert r.status_code == 429, r.text  # 20,000+ re-read does not fit 25,000 less the buffer
+    settled(shaped, "ctx-b")
+    assert billed(shaped, "ctx-b") == 0
 
 
 def test_a_comma_fan_out_to_a_guarded_model_is_refused(shaped: Proxy) -> None:

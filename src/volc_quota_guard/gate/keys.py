@@ -98,12 +98,14 @@ class KeySpace:
         ``<day>:task`` (the task's own), and ``first_day`` of the history, for the forecast."""
         return f"{self.prefix}:{{{validate_pool(pool)}}}:consume_hist"
 
-    def response_chain(self, pool: str, response_id: str) -> str:
+    def response_chain(self, response_id: str) -> str:
         """String: tokens Ark re-reads as input when a request names this stored response
-        (``previous_response_id``); expires with Ark's storage."""
+        (``previous_response_id``); expires with Ark's storage. Not per pool: a follow-up may
+        name it through another model (red-team, stop 38: a 60,100-token conversation re-read
+        through a model declaring a 5,000-token window billed 60,155 against 8,576 reserved)."""
         if not 1 <= len(response_id) <= 512:
             raise ValueError("response id must be 1-512 characters")
-        return f"{self.prefix}:{{{validate_pool(pool)}}}:resp:{response_id}"
+        return f"{self.prefix}:resp:{{{response_id}}}"
 
     def pattern(self) -> str:
         return f"{self.prefix}:*"

@@ -399,18 +399,18 @@ class AsyncGate:
     async def status(self, pool: str) -> Decision:
         return await self._run("status", pool, self.args.status())
 
-    async def response_chain(self, pool: str, response_id: str) -> int | None:
+    async def response_chain(self, response_id: str) -> int | None:
         """Tokens of the stored conversation ending at `response_id`, if the guard settled it."""
-        key = self.args.keyspace.response_chain(pool, response_id)
+        key = self.args.keyspace.response_chain(response_id)
         raw = await _acall(lambda: self.client.get(key))
         try:
             return int(raw) if raw is not None else None
         except ValueError:
             return None  # not ours to trust: sized as unknown
 
-    async def remember_response(self, pool: str, response_id: str, tokens: int, ttl_s: int) -> None:
+    async def remember_response(self, response_id: str, tokens: int, ttl_s: int) -> None:
         """Record what a stored response's conversation holds (its input + output), for follow-ups."""
-        key = self.args.keyspace.response_chain(pool, response_id)
+        key = self.args.keyspace.response_chain(response_id)
         await _acall(lambda: self.client.set(key, str(max(tokens, 0)), ex=ttl_s))
 
     async def evicted_until(self, pools: list[str]) -> dict[str, int]:

@@ -630,7 +630,7 @@ class QuotaGuard(CustomLogger):
         if prev is None:
             return None
         try:
-            return await self.gate().response_chain(guard.pool, prev)
+            return await self.gate().response_chain(prev)
         except ValueError:
             return None
 
@@ -811,7 +811,7 @@ class QuotaGuard(CustomLogger):
         tokens = reading.tokens if trusted and reading.source == "measured" and reading.tokens \
             else res.granted
         if rid is not None and tokens > 0:
-            await self.gate().remember_response(res.pool, rid, tokens, RESPONSE_RECORD_S)
+            await self.gate().remember_response(rid, tokens, RESPONSE_RECORD_S)
 
     async def async_post_call_failure_deployment_hook(self, request_data: Mapping[str, object],
                                                       exception: Exception, call_type: Any,
