@@ -1057,6 +1057,13 @@ def test_a_stream_is_cut_at_the_calls_deadline(world: Callable[..., Any]) -> Non
         assert w.state()["inflight"] == 0 and w.state()["ucum"] - used >= held
         assert not holder._vqg_state.live
         assert time.monotonic() - started < 3  # cut at the deadline, not after the stalled read
+        # a client's own (per-read) timeout does not cut its stream: only the cap does
+        kw = call(types.SimpleNamespace(), max_tokens=100, stream=True, timeout=0.5, call_id="own")
+        await guard.async_pre_call_deployment_hook(kw, "acompletion")
+        own = kw["litellm_logging_obj"]._vqg_state
+        got = [c async for c in guard.async_post_call_streaming_iterator_hook(
+            None, Upstream([0.4, 0.4, 0.4]), {"litellm_logging_obj": kw["litellm_logging_obj"]})]
+        assert got == [0.4, 0.4, 0.4] and own.live  # ran 1.2 s on a 0.5 s timeout: not cut
         # an unguarded stream (no reservation) passes whole
         plain = [c async for c in guard.async_post_call_streaming_iterator_hook(
             None, Upstream([0.0, 0.0]), {})]

@@ -555,6 +555,8 @@ class QuotaGuard(CustomLogger):
                           per_choice if per_choice < sizing.per_choice else None,
                           state=state, choices=sizing.choices, route=route.kind)
         call_s = self._call_s(kwargs)
+        if kwargs.get("stream") is True:  # its timeout is per read: it runs to the cap (then cut)
+            call_s = self.config.max_call_seconds
         res.call_until = res.created + call_s
         self.reservations.remember(res, reservation_keep_s(self.config.reservation_ttl_seconds, call_s))
         self._keep_renewing()
