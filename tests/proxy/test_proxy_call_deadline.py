@@ -77,3 +77,27 @@ def test_a_fast_stream_under_the_cap_is_untouched(proxy: Proxy) -> None:
     line = proxy.wait_for_log(rf"\[Usage\].*call={cid}")[-1]
     assert "source=measured" in line, line
     assert not re.search(rf"\[DEADLINE\].*call={cid}", proxy.log())
+
+
+def test_a_slow_responses_stream_is_cut_at_the_cap_too(proxy: Proxy) -> None:
+    """The same cut on /v1/responses (LiteLLM's Responses stream goes through the same hook)."""
+    proxy.seed(POOL_SOLO, 1_000_000)
+    cid = call_id()
+    started = time.monotonic()
+    body = b""
+    with httpx.stream("POST", f"{proxy.url}/v1/responses", timeout=60,
+                      headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid},
+                      json={"model": "solo", "stream": True, "max_output_tokens": 600,
+                            "input": "hi [[fake completion=400 pace=0.6]]"}) as r:
+        assert r.status_code == 200
+        try:
+            for part in r.iter_bytes():
+                body += part
+        except httpx.HTTPError:
+            pass
+    assert time.monotonic() - started < CAP_S + 2.5
+    assert b"response.completed" not in body
+    line = proxy.wait_for_log(rf"\[Usage\].*call={cid}")[-1]
+    reserved = int(re.search(r"reserved=(\d+)", line).group(1))
+    assert int(re.search(r"counted=(\d+)", line).group(1)) >= reserved > 600, line
+    assert proxy.wait_for_log(rf"\[DEADLINE\].*call={cid}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -285,6 +286,8 @@ def _create(state: FakeState, account: str, body: bytes) -> Reply | StreamReply:
         if directive.cut is not None:
             pieces = pieces[: directive.cut]
         for piece in pieces:
+            if directive.pace > 0:
+                time.sleep(directive.pace)
             yield event("response.output_text.delta", **ids, delta=piece)
         charge()
         if directive.cut is not None:
