@@ -45,6 +45,9 @@ EXACT_COUNTS = Counter("vqg_exact_counts", "Prompts of ark-api (Doubao) deployme
                        "outcome=exact (reserved at the exact count) or fallback (the API failed: "
                        "reserved at the cheap count x k)", ["pool", "outcome"], registry=COUNTERS)
 
+STREAM_CUTS = Counter("vqg_stream_cuts", "Guarded streams this process cut at VQG_MAX_CALL_SECONDS "
+                      "(one per DEADLINE log line; each counted whole)", ["pool"], registry=COUNTERS)
+
 
 def reserved(pool: str, d: Decision, output_cap: int) -> None:
     """Count what a reserve decided: a block, a clamp (less output granted than asked), an eviction."""
@@ -66,6 +69,10 @@ def blocked(pools: Iterable[str], reason: str = "evicted") -> None:
 def exact_count(pool: str, outcome: str) -> None:
     """Count one ask of Ark's tokenization API: 'exact' or 'fallback'."""
     EXACT_COUNTS.labels(pool, outcome).inc()
+
+
+def stream_cut(pool: str) -> None:
+    STREAM_CUTS.labels(pool).inc()
 
 
 def sync_failed(account: str, exc: BaseException) -> None:

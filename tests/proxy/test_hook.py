@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import redis  # noqa: E402
 import yaml  # noqa: E402
 
+from volc_quota_guard import metrics  # noqa: E402
 from volc_quota_guard.admission import EXACT_DRIFT_TOKENS, ROUTES, pin_output  # noqa: E402
 from volc_quota_guard.clock import SkewAlarm  # noqa: E402
 from volc_quota_guard.config import load_settings  # noqa: E402
@@ -1047,12 +1048,14 @@ def test_a_stream_is_cut_at_the_calls_deadline(world: Callable[..., Any]) -> Non
 
         request = {"litellm_logging_obj": holder}
         got: list[float] = []
+        cuts = metrics.STREAM_CUTS.labels(POOL)._value.get()
         started = time.monotonic()
         with pytest.raises(litellm.Timeout, match="VQG_MAX_CALL_SECONDS"):
             async for c in guard.async_post_call_streaming_iterator_hook(
                     None, Upstream([0.5, 0.5, 5.0, 0.1]), request):  # the third read stalls
                 got.append(c)
         assert got == [0.5, 0.5] and closed == [True]
+        assert metrics.STREAM_CUTS.labels(POOL)._value.get() - cuts == 2  # one per reservation
         # both settled whole, now (not at their expiry, an hour on): Ark may still run them
         assert w.state()["inflight"] == 0 and w.state()["ucum"] - used >= held
         assert not holder._vqg_state.live

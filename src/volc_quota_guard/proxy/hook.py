@@ -723,6 +723,7 @@ class QuotaGuard(CustomLogger):
                         "(%s s); cut, its reservation counts whole pool=%s", res.upstream_model,
                         res.call_id, time.monotonic() - res.created, f"{self.config.max_call_seconds:g}",
                         res.pool)
+            metrics.stream_cut(res.pool)
             try:
                 await self._retire(res, state, "deadline")
             except Exception:  # noqa: BLE001  it then expires as consumed: never a pass
