@@ -26,6 +26,21 @@ def proxy(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_
     stop_proxy(p)
 
 
+def read_stream(proxy: Proxy, path: str, cid: str, body: dict[str, object]) -> tuple[bytes, float]:
+    """POST a stream and read it to its end; what arrived and how long it took."""
+    started = time.monotonic()
+    got = b""
+    with httpx.stream("POST", f"{proxy.url}{path}", timeout=60, json=body,
+                      headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid}) as r:
+        assert r.status_code == 200
+        try:
+            for part in r.iter_bytes():
+                got += part
+        except httpx.HTTPError:  # the proxy may drop the connection instead of an error event
+            return got, time.monotonic() - started
+    return got, time.monotonic() - started
+
+
 def test_a_stream_whose_chunks_keep_coming_is_cut_at_the_cap(proxy: Proxy) -> None:
     """LiteLLM's timeout is a per-read one: a slow stream whose chunks keep coming ran 105 s
     against a 70 s cap, and one that outlived a package expiry billed 35,636 (red-team, stop 37).
@@ -35,19 +50,9 @@ def test_a_stream_whose_chunks_keep_coming_is_cut_at_the_cap(proxy: Proxy) -> No
     cid = call_id()
     before = proxy.state(POOL_SOLO).get("ucum")
     text = "hi [[fake completion=400 pace=0.6]]"  # ~12 chunks, 0.6 s apart: ~7 s of stream
-    started = time.monotonic()
-    body = b""
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=60,
-                      headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid},
-                      json={"model": "solo", "stream": True, "max_tokens": 600,
-                            "messages": [{"role": "user", "content": text}]}) as r:
-        assert r.status_code == 200
-        try:
-            for part in r.iter_bytes():
-                body += part
-        except httpx.HTTPError:
-            pass  # the proxy may drop the connection instead of an error event
-    took = time.monotonic() - started
+    body, took = read_stream(proxy, "/v1/chat/completions", cid, {
+        "model": "solo", "stream": True, "max_tokens": 600,
+        "messages": [{"role": "user", "content": text}]})
     assert took < CAP_S + 2.5, took  # cut at the cap, not at the stream's ~7 s end
     assert b"VQG_MAX_CALL_SECONDS" in body, body[-500:]  # an error event names the cap
     cut = proxy.wait_for_log(rf"\[DEADLINE\].*call={cid}")
@@ -68,12 +73,10 @@ def test_a_stream_whose_chunks_keep_coming_is_cut_at_the_cap(proxy: Proxy) -> No
 def test_a_fast_stream_under_the_cap_is_untouched(proxy: Proxy) -> None:
     proxy.seed(POOL_SOLO, 1_000_000)
     cid = call_id()
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", timeout=60,
-                      headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid},
-                      json={"model": "solo", "stream": True, "max_tokens": 600,
-                            "messages": [{"role": "user", "content": "hi [[fake pace=0.1]]"}]}) as r:
-        body = r.read()
-    assert r.status_code == 200 and b"[DONE]" in body
+    body, _ = read_stream(proxy, "/v1/chat/completions", cid, {
+        "model": "solo", "stream": True, "max_tokens": 600,
+        "messages": [{"role": "user", "content": "hi [[fake pace=0.1]]"}]})
+    assert b"[DONE]" in body
     line = proxy.wait_for_log(rf"\[Usage\].*call={cid}")[-1]
     assert "source=measured" in line, line
     assert not re.search(rf"\[DEADLINE\].*call={cid}", proxy.log())
@@ -83,19 +86,10 @@ def test_a_slow_responses_stream_is_cut_at_the_cap_too(proxy: Proxy) -> None:
     """The same cut on /v1/responses (LiteLLM's Responses stream goes through the same hook)."""
     proxy.seed(POOL_SOLO, 1_000_000)
     cid = call_id()
-    started = time.monotonic()
-    body = b""
-    with httpx.stream("POST", f"{proxy.url}/v1/responses", timeout=60,
-                      headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid},
-                      json={"model": "solo", "stream": True, "max_output_tokens": 600,
-                            "input": "hi [[fake completion=400 pace=0.6]]"}) as r:
-        assert r.status_code == 200
-        try:
-            for part in r.iter_bytes():
-                body += part
-        except httpx.HTTPError:
-            pass
-    assert time.monotonic() - started < CAP_S + 2.5
+    body, took = read_stream(proxy, "/v1/responses", cid, {
+        "model": "solo", "stream": True, "max_output_tokens": 600,
+        "input": "hi [[fake completion=400 pace=0.6]]"})
+    assert took < CAP_S + 2.5, took
     assert b"response.completed" not in body
     line = proxy.wait_for_log(rf"\[Usage\].*call={cid}")[-1]
     reserved = int(re.search(r"reserved=(\d+)", line).group(1))
