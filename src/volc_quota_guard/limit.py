@@ -60,10 +60,9 @@ LAG_MEMORY_MS = 7 * 86_400_000  # observed lags are remembered a week
 LAG_MARGIN = 1.25  # Δ_assumed = worst observed × margin + 2 min
 LAG_PAD_MS = 2 * MINUTE_MS
 LAG_BELIEVABLE_MS = 4 * 60 * MINUTE_MS  # a longer "lag" is a broken anchor, not a lag
-# The longest lag planned for without proof (the fuzz's longest, 480 min): a young history's
-# unseen allowance ends by then, and the day's count forgets what we counted before it.
-LAG_CEILING_MS = 8 * 60 * MINUTE_MS
-YOUNG_MS = LAG_CEILING_MS
+# A young history's unseen allowance ends after this even without proof (a pool too small to
+# show it settled); its ceiling stays under the lowest estimate, so the end opens no anchor alone.
+YOUNG_MS = 8 * 60 * MINUTE_MS
 YOUNG_TIGHT_MS = 60 * MINUTE_MS  # a young end's lag bound looser than this waits for a tighter one
 
 
@@ -94,6 +93,7 @@ class LimitState:
     # What the anchor may hold that the API had not settled when it was taken: our usage in the
     # Δ_assumed before the quiet began (see `_anchor_margin`); kept off the free total.
     anchor_margin: int = 0
+    anchor_usage: int = 0  # our lifetime usage when the anchor was taken
     # The lowest `balance + our usage + in flight` any sync saw: F can only be lower, so
     # the API cannot have settled more than it less the balance. Only the lag observer reads it.
     upper_free_total: int | None = None
@@ -131,6 +131,7 @@ class LimitState:
             anchor_ms=int(raw.get("anchor_ms") or 0),
             anchor_unsure=int(raw.get("anchor_unsure") or 0),
             anchor_margin=int(raw.get("anchor_margin") or 0),
+            anchor_usage=int(raw.get("anchor_usage") or 0),
             upper_free_total=optional_int(raw.get("upper_free_total")),
             lags=tuple((int(at), int(lag)) for at, lag in raw.get("lags") or ()),
             last_sync_ms=int(raw.get("last_sync_ms") or 0),
@@ -155,6 +156,15 @@ class UsageView:
     # Lifetime usage counted without a measurement at each of `minutes` (aligned); what
     # surely ran (usage less unsure) is what the lag observer compares with the API.
     unsure: tuple[int, ...] = ()
+    # Of `lifetime_usage`, what was counted without a measurement (None: the last entry's): the
+    # read may begin after the last unmeasured minute, which does not make that usage measured.
+    lifetime_unsure: int | None = None
+
+    @property
+    def unsure_now(self) -> int:
+        if self.lifetime_unsure is not None:
+            return self.lifetime_unsure
+        return self.unsure[-1] if self.unsure else 0
 
     def usage_before(self, ms: int) -> int | None:
         """`usage_at(ms)`, or None where the read does not reach back to `ms`."""
@@ -271,10 +281,10 @@ def compute_limit(
     # The lag observer cannot see usage nobody measured (and what of it the API settles can hide
     # measured usage the API has not): once some ran in this history, a longer lag may have gone
     # unseen (a 360-min lag incident after unreported usage, quiet for two hours, anchored 590,000
-    # tokens high), so the API must be proven to have settled all of ours, by what the balance
-    # lost or by a quiet stretch longer than LAG_CEILING_MS.
-    floor = settled_floor(state, *previous, packages, usage, now_ms, history_start_ms)
-    unsure_now = usage.unsure[-1] if usage.unsure else 0
+    # tokens high), so the API must be proven to have settled all of ours by what the balance
+    # lost. No quiet stretch is long enough to prove it (a 540-min lag billed 202,908, stop 38).
+    floor = settled_floor(state, *previous, packages, usage)
+    unsure_now = usage.unsure_now
     seen = unsure_now == 0
     proven = floor is not None and floor >= usage.lifetime_usage
     # This sync's own lag reading (below) counts before the quiet test: a lag that grew since the
@@ -289,12 +299,19 @@ def compute_limit(
     quiet_ms = max(QUIET_MS, assumed_lag_ms(probe, now_ms, lag_floor_ms))
     quiet = (usage.inflight == 0 and history_ms >= quiet_ms and state.unseen_ref is None
              and usage.usage_at(now_ms - quiet_ms) == usage.lifetime_usage and (seen or proven))
+    # In the anchor's own quiet stretch (no usage of ours since), what the API had not settled of
+    # ours is still at most the anchor's margin, which was read while the timeline still showed
+    # the minutes before the stop: a new anchor keeps no more off than that.
+    kept = (state.anchor_margin if state.anchor_free_total is not None
+            and state.anchor_usage == usage.lifetime_usage else None)
     if quiet:
         blind = None if state.upper_free_total is None or floor is None \
             else state.upper_free_total - balance - floor
         margin = _anchor_margin(usage, assumed_lag_ms(probe, now_ms, lag_floor_ms), floor, blind)
+        margin = margin if kept is None else min(margin, kept)
         state = replace(state, anchor_free_total=balance + usage.lifetime_usage, anchor_ms=now_ms,
-                        anchor_unsure=unsure_now, anchor_margin=margin)
+                        anchor_unsure=unsure_now, anchor_margin=margin,
+                        anchor_usage=usage.lifetime_usage)
     # Where no quiet stretch gave an exact anchor, the lowest upper bound of F still places a
     # lower bound of the lag (a long lag must be seen before a lost state trusts Δ_assumed).
     upper = balance + usage.lifetime_usage + usage.inflight
@@ -465,27 +482,24 @@ def _lag_behind(usage: UsageView, settled: int, since_ms: int, now_ms: int) -> i
 
 
 def settled_floor(state: LimitState, before: Mapping[str, int], gone: Sequence[str],
-                  previous_ms: int, packages: Sequence[PackageView], usage: UsageView,
-                  now_ms: int, history_start_ms: int) -> int | None:
+                  previous_ms: int, packages: Sequence[PackageView], usage: UsageView) -> int | None:
     """A lower bound of our recorded lifetime usage at the API's settled-through point, whatever
     the lag (docs/limit.md, "The day's count"); None = unknown.
 
     The API settles in time order, and our count of any stretch is at least what ran in it, so
     each sync raises the last floor by the least the API can have settled since (what the
-    packages lost). A new history starts at −A: what ran unseen before it may settle first. One
-    floor rests on an assumption: the API is never further behind than LAG_CEILING_MS.
+    packages lost). A new history starts at −A: what ran unseen before it may settle first.
+    Nothing else raises it: no age makes usage settled, because no lag is too long to happen
+    (a 540-min lag passed the 8-hour ceiling this once assumed and burned 602,908, stop 39).
     """
     if not previous_ms:
-        chained: int | None = -state.unseen_bound
+        chained = -state.unseen_bound
     elif state.settled_floor is None:
-        chained = None
+        return None
     else:
         chained = state.settled_floor + _least_settled(before, gone, packages)
-    aged_ms = now_ms - LAG_CEILING_MS
-    aged = usage.usage_before(aged_ms) if aged_ms >= history_start_ms else None
-    floors = [f for f in (chained, aged) if f is not None]
     # Never above what we recorded: more settled is usage outside the proxy, not ours.
-    return min(max(floors), usage.lifetime_usage) if floors else None
+    return min(chained, usage.lifetime_usage)
 
 
 def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,
@@ -498,10 +512,11 @@ def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,
     The gate chains the steps into an upper bound of today's consumption up to the API's
     settled-through point and adds what we counted since the second number (everything the
     API may not show yet), so usage we kept whole because nobody reported it (missing usage,
-    expired reservations) leaves the daily cap's count once the floor passes it (in practice
-    LAG_CEILING_MS after it ran). The second number is the proven floor (`settled_floor`), never
-    more than our usage Δ_assumed ago: a lag longer than assumed must not shrink the count (a
-    357-min lag burned a million tokens when the count trusted Δ_assumed + 40 min alone).
+    expired reservations) leaves the daily cap's count only once the floor passes it: when the
+    API has shown that much settled, else at midnight. The second number is the proven floor
+    (`settled_floor`), never more than our usage Δ_assumed ago: a lag longer than assumed must
+    not shrink the count (a 357-min lag burned a million tokens when the count trusted
+    Δ_assumed + 40 min alone; a 540-min one burned 602,908 past an 8-hour ceiling).
     A step is the lower of two bounds: per package, what it lost (a new one: its size less what
     is left; one that left the list: all it last showed, expired or not), and what we counted
     since the previous floor, plus what is in flight.

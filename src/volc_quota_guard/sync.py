@@ -33,7 +33,6 @@ from .config import Settings
 from .errors import BillingAuthError, BillingError, GateError, QuotaGuardError, StoreUnavailable
 from .gate import PPM, Decision, Gate, PoolState
 from .limit import (
-    LAG_CEILING_MS,
     QUIET_MS,
     YOUNG_MS,
     LimitResult,
@@ -53,6 +52,9 @@ LOCK_MS = MINUTE_MS  # long enough for a paginated listing with retries
 BURST_SPACING_MS = MINUTE_MS  # burst syncs at most once a minute per account
 RETRY_MS = MINUTE_MS  # after a failed sync, try again this soon
 HOLD_SLACK_MS = 1_000  # the sync after a hold runs this long after its end (Redis's clock moved on)
+# How far back each sync reads the usage timeline at least: the lag observer searches it (a
+# lower bound found in less of it stays a lower bound) and the anchor's margin looks back Δ.
+TIMELINE_READ_MS = 8 * 60 * MINUTE_MS
 BILLING_EVENT = {"vqg_billing": True}  # marks 💸 and ⛔ lines: a finding about the pool, not a sync failure
 
 
@@ -385,12 +387,13 @@ class SyncService:
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
         # lower bound stays a lower bound when its search starts later).
         lag = assumed_lag_ms(state, now, cfg.lag_floor_minutes * MINUTE_MS)
-        since = now - max(lag + QUIET_MS, LAG_CEILING_MS)
+        since = now - max(lag + QUIET_MS, TIMELINE_READ_MS)
         entries, floor = self.gate.timeline_entries(pool, since)
         usage = UsageView(tuple((m, used) for m, used, _ in entries), floor,
                           lifetime_usage=status.get("ucum"), inflight=status.get("inflight"),
                           since_ms=since // MINUTE_MS * MINUTE_MS,
-                          unsure=tuple(unsure for _, _, unsure in entries))
+                          unsure=tuple(unsure for _, _, unsure in entries),
+                          lifetime_unsure=status.get("unsure"))
         result = compute_limit(
             now_ms=now, packages=views, usage=usage, state=state,
             lag_floor_ms=cfg.lag_floor_minutes * MINUTE_MS, small_buffer=cfg.small_buffer,

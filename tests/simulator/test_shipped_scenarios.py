@@ -58,14 +58,25 @@ def test_on_the_real_0813_lag_day_the_static_cap_saved_v6(results: Results) -> N
     assert all(r.billed_tokens == 0 for r in results["seed-0813-lag"].values())
 
 
-def test_unreported_usage_leaves_the_cap_the_same_day(results: Results) -> None:
+def test_unreported_usage_stays_counted_until_the_api_proves_it(results: Results) -> None:
     """A morning of requests without usage fills the 2M cap by the guard's count (~585,000 really
-    ran). The API showing less cannot prove it (a lag incident hides usage the same way), so each
-    request's over-count leaves the cap 8 h after it ran (LAG_CEILING_MS), and the evening runs
-    into the true cap without passing it: counted to midnight, the guard served 585,000."""
-    day = results["missing-usage-fills-the-cap"]["guard"]
+    ran). The API showing less cannot prove it: a lag incident hides usage the same way, and no
+    lag is too long to happen. Red-team, stop 38: with the API 540 min behind, an 8-hour ceiling
+    took an unreported burst as settled and burned 602,908 (billed 202,908 on a 2.4M pool). The
+    over-count stays on the cap until midnight: what it costs is refusals, never a bill."""
+    for name in ("missing-usage-fills-the-cap", "unreported-burst-then-traffic-under-a-9-hour-lag",
+                 "unreported-burst-under-a-9-hour-lag-small-pool"):
+        day = results[name]["guard"]
+        assert (day.billed_tokens, day.burned_tokens) == (0, 0), (name, day.as_json())
+        assert day.served_tokens >= 580_000, (name, day.as_json())
+
+
+def test_a_freeze_longer_than_8_hours_keeps_the_margin(results: Results) -> None:
+    """The API freezes minutes after the traffic stops and stays frozen 9 hours; the margin of the
+    quiet anchor is released only by what the API shows (an 8-hour floor billed 39,000)."""
+    day = results["freeze-of-9-hours-after-traffic-stops"]["guard"]
     assert (day.billed_tokens, day.burned_tokens) == (0, 0), day.as_json()
-    assert day.served_tokens >= 1_350_000, day.as_json()
+    assert day.served_tokens >= 4_500_000, day.as_json()
 
 
 def test_unreported_usage_under_a_lag_of_hours_stays_counted(results: Results) -> None:
@@ -120,12 +131,14 @@ def test_results_carry_exactly_the_documented_keys(results: Results) -> None:
 
 def test_a_balance_api_hours_behind_is_planned_around(results: Results) -> None:
     """A 4-hour incident and a 150-minute lag all day: v6 bills ~0.5M on each (the guard billed
-    390,000 and 205,000 before stop 25); the guard serves the pool to within ~2 SMALL_BUFFERs."""
-    for name in ("api-lag-incident", "api-lag-150-min"):
+    390,000 and 205,000 before stop 25); the guard serves the pool to within ~2 SMALL_BUFFERs,
+    less (on the 150-minute day, a first start) the 200,000 assumed to have run unseen before it:
+    nothing the API shows can tell that from ours, and no age proves it settled (stop 39)."""
+    for name, unseen in (("api-lag-incident", 0), ("api-lag-150-min", 200_000)):
         day = results[name]
         assert day["v6"].billed_tokens > 400_000, name
         assert day["guard"].billed_tokens == 0
-        assert day["guard"].served_tokens >= 1_500_000 - 2 * 50_000, day["guard"].as_json()
+        assert day["guard"].served_tokens >= 1_500_000 - 2 * 50_000 - unseen, day["guard"].as_json()
 
 
 def test_a_first_start_after_unseen_usage_under_a_long_lag_is_planned_around(results: Results) -> None:

@@ -9,7 +9,9 @@ counts far low (`estimate_ratio` 0.34–0.6, down to 1 / the correction's ceilin
 tokenizer) that no settle has measured yet, 8–32 at a time; some runs start on an account that was in use
 (`prior_usage` the guard never saw, up to 180,000 tokens in the last 0–30 min; half of those
 under a lag of 21-300 min with traffic that would spend the pool right after the hold) and some lose the
-guard's store at a time of day 1 (`wipe_at`). Pool sizes and the daily cap are drawn around the
+guard's store at a time of day 1 (`wipe_at`); some put the API hours behind (up to a day: constant,
+an incident, a freeze as traffic stops, or a burst nobody reported and traffic after a longer gap).
+Pool sizes and the daily cap are drawn around the
 traffic's volume, so most runs reach a wall. Request counts are kept small (a few hundred) so a
 few hundred scenarios run in a minute.
 
@@ -40,6 +42,9 @@ MAX_REQUESTS = 400  # per scenario, so a run stays well under a second
 
 def _hhmm(minutes: int) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+MAX_LAG_MINUTES = 1440  # the scenario format's limit: no lag is assumed too long to happen
 
 
 def _log_uniform(rng: random.Random, lo: float, hi: float) -> int:
@@ -128,6 +133,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _given_up(seed, out)
     _incident_after_stop(seed, out)
     _calls_past_expiry(seed, out)
+    _unreported_then_a_longer_lag(seed, out)
     return out
 
 
@@ -277,7 +283,10 @@ def _incident_after_stop(seed: int, scenario: dict[str, object]) -> None:
     rng = _in_fifteen_percent(f"incident-after-stop-{seed}")
     if rng is None or "lag_changes" in scenario:
         return
-    span, resume_after, resume_span = rng.randint(60, 120), rng.randint(120, 240), rng.randint(60, 120)
+    # Traffic resumes 2-4 hours after the stop, or 8-13 (a freeze longer than the 8 hours the
+    # settled floor once assumed billed 39,000, stop 39).
+    resume_after = rng.randint(120, 240) if rng.random() < 0.7 else rng.randint(480, 780)
+    span, resume_span = rng.randint(60, 120), rng.randint(60, 120)
     # The busy stretch starts with the run, on an account busy until then, so every sync sees
     # usage unsettled and the upper bound of the free total is never tight enough to read a lag.
     begin = _first_minute(scenario) - 1
@@ -313,8 +322,9 @@ def _incident_after_stop(seed: int, scenario: dict[str, object]) -> None:
                     "duration_seconds": rng.choice([5, 20]), **counts})
     incident = stop + rng.randint(0, min(15, lag - 1))
     scenario["lag_changes"] = [
-        {"at": _hhmm(incident), "minutes": _log_uniform(rng, 120, 480)},
-        {"at": _hhmm(min(24 * 60 - 1, incident + rng.randint(180, 480))), "minutes": lag}]
+        {"at": _hhmm(incident), "minutes": _log_uniform(rng, 120, MAX_LAG_MINUTES)},
+        {"at": _hhmm(min(24 * 60 - 1, incident + rng.randint(180, max(480, resume_after + 60)))),
+         "minutes": lag}]
     # Half of them end with one call settling 15-30 minutes after the stop: a straggler, or the
     # batch's last call running that long; the last change is then not where the API froze
     # (red-team, stop 37: a margin measured from it billed 115,000 after a busy first start).
@@ -360,18 +370,18 @@ def _calls_past_expiry(seed: int, scenario: dict[str, object]) -> None:
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:
     """A balance API hours behind, from a generator of its own: from the start (a lag the
-    guard's floor and quiet stretch do not cover), or an incident that pushes the lag to 1-8
-    hours for 1-8 hours of day 1 and ends (`lag_changes`)."""
+    guard's floor and quiet stretch do not cover, up to a day), or an incident that pushes the
+    lag to 1-24 hours for 1-8 hours of day 1 and ends (`lag_changes`)."""
     rng = random.Random(f"lag-{seed}")
     if rng.random() < 0.8:
         return
     _unreported_under_lag(seed, scenario)
     if rng.random() < 0.4:
-        scenario["settlement_lag_minutes"] = _log_uniform(rng, 46, 480)
+        scenario["settlement_lag_minutes"] = _log_uniform(rng, 46, MAX_LAG_MINUTES)
         return
     begin = rng.randrange(start_minute, 24 * 60 - 60)
     end = min(24 * 60 - 1, begin + rng.randint(60, 480))
-    scenario["lag_changes"] = [{"at": _hhmm(begin), "minutes": _log_uniform(rng, 60, 480)},
+    scenario["lag_changes"] = [{"at": _hhmm(begin), "minutes": _log_uniform(rng, 60, MAX_LAG_MINUTES)},
                                {"at": _hhmm(end), "minutes": scenario["settlement_lag_minutes"]}]
 
 
@@ -383,6 +393,40 @@ def _unreported_under_lag(seed: int, scenario: dict[str, object]) -> None:
     traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
     if rng.random() < 0.5:
         rng.choice(traffic)["usage"] = "missing"
+
+
+def _unreported_then_a_longer_lag(seed: int, scenario: dict[str, object]) -> None:
+    """A burst nobody reports usage for, then measured traffic 7-13 hours later that would spend
+    the daily cap (and on a small pool the free balance) once more, under a constant lag longer
+    than the gap, from a generator of its own (stop 39): the API shows nothing of the burst when
+    the traffic comes, so only a count that keeps the burst until the API proves it safe.
+    A settled floor that took our usage 8 hours ago as settled burned 602,908 (and billed 202,908
+    on a smaller pool) under a 540-minute lag."""
+    rng = _in_fifteen_percent(f"unreported-longer-lag-{seed}")
+    if rng is None or "lag_changes" in scenario:
+        return
+    begin = _first_minute(scenario)
+    span, gap, resume_span = rng.randint(15, 45), rng.randint(420, 780), rng.randint(60, 240)
+    if begin + span + gap + resume_span >= 24 * 60:
+        return
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    counts = _pool_counting(traffic)
+    traffic[:] = [line for line in traffic if line.get("day") == 2]
+    cap = int(str(scenario["daily_cap"]))
+    concurrency = rng.choice([1, 2, 4, 8])
+    every = rng.choice([10, 20, 30, 60])
+    prompt, completion = _log_uniform(rng, 500, 8_000), _log_uniform(rng, 200, 4_000)
+    traffic.append({"from": _hhmm(begin), "to": _hhmm(begin + span), "every_seconds": every,
+                    "concurrency": concurrency, "prompt": prompt, "completion": completion,
+                    "duration_seconds": 20, "usage": "missing", **counts})
+    requests = rng.randint(100, 300)
+    size = max(500, int(cap * rng.uniform(1.0, 2.0) / requests))
+    resume = begin + span + gap
+    traffic.append({"from": _hhmm(resume), "to": _hhmm(resume + resume_span),
+                    "every_seconds": round(resume_span * 60 / requests, 1), "prompt": size * 4 // 5,
+                    "completion": size // 5, "max_tokens": size // 5 + 100, "duration_seconds": 20,
+                    **counts})
+    scenario["settlement_lag_minutes"] = min(MAX_LAG_MINUTES, span + gap + rng.randint(10, 240))
 
 
 def _exact_counts(seed: int, scenario: dict[str, object]) -> None:
