@@ -283,8 +283,8 @@ def _incident_after_stop(seed: int, scenario: dict[str, object]) -> None:
     rng = _in_fifteen_percent(f"incident-after-stop-{seed}")
     if rng is None or "lag_changes" in scenario:
         return
-    # Traffic resumes 2-4 hours after the stop, or 8-13 (a freeze longer than the 8 hours the
-    # settled floor once assumed billed 39,000, stop 39).
+    # Traffic resumes 2-4 hours after the stop, or 8-13 (past the 8 hours the settled floor once
+    # assumed, a freeze billed 39,000: red-team, stop 38).
     resume_after = rng.randint(120, 240) if rng.random() < 0.7 else rng.randint(480, 780)
     span, resume_span = rng.randint(60, 120), rng.randint(60, 120)
     # The busy stretch starts with the run, on an account busy until then, so every sync sees
@@ -399,7 +399,7 @@ def _unreported_then_a_longer_lag(seed: int, scenario: dict[str, object]) -> Non
     """A burst nobody reports usage for, then measured traffic 7-13 hours later that would spend
     the daily cap (and on a small pool the free balance) once more, under a constant lag longer
     than the gap, from a generator of its own (stop 39): the API shows nothing of the burst when
-    the traffic comes, so only a count that keeps the burst until the API proves it safe.
+    the traffic comes, so only a count that keeps the burst until the API shows it stays safe.
     A settled floor that took our usage 8 hours ago as settled burned 602,908 (and billed 202,908
     on a smaller pool) under a 540-minute lag."""
     rng = _in_fifteen_percent(f"unreported-longer-lag-{seed}")
