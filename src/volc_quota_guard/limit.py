@@ -111,6 +111,9 @@ class LimitState:
     # Our recorded lifetime usage at the API's settled-through point is at least this (negative:
     # what ran before the history may be unsettled still); None = unknown. See `settled_floor`.
     settled_floor: int | None = None
+    # The packages once lost more than A plus all we recorded: more ran unseen before the history
+    # than A, or outside the proxy, and the floor's loss may be theirs (no floor hedge after).
+    floor_overrun: bool = False
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -141,6 +144,7 @@ class LimitState:
             unseen_bound=int(raw.get("unseen_bound") or 0),
             lost=bool(raw.get("lost")),
             settled_floor=optional_int(raw.get("settled_floor")),
+            floor_overrun=bool(raw.get("floor_overrun", False)),
         )
 
 
@@ -284,6 +288,9 @@ def compute_limit(
     # tokens high), so the API must be proven to have settled all of ours by what the balance
     # lost. No quiet stretch is long enough to prove it (a 540-min lag billed 202,908, stop 38).
     floor = settled_floor(state, *previous, packages, usage)
+    chain = _floor_chain(state, *previous, packages)
+    if chain is not None and chain > usage.lifetime_usage:
+        state = replace(state, floor_overrun=True)
     unsure_now = usage.unsure_now
     seen = unsure_now == 0
     proven = floor is not None and floor >= usage.lifetime_usage
@@ -378,6 +385,16 @@ def compute_limit(
         margin = state.anchor_margin if proof is None else min(state.anchor_margin, proof)
         state = replace(state, anchor_margin=margin)
         free_total -= margin
+    if floor is not None and not (external or state.floor_overrun) and history_ms >= lag:
+        # This sync's estimate holds unless the lag grew past Δ_assumed; `Bal + floor` holds
+        # whatever the lag, unless more than A ran unseen before the history or usage outside
+        # the proxy settled (the packages' loss is taken as ours): a second A stays off it, so
+        # up to 2A unseen (or A outside) leaves it a bound (red-team: 350,000 unseen with
+        # A = 200,000, then a 180-min lag incident, billed 90,000 without it). Their least is a
+        # bound while either holds, and it frees what the lowest estimate locks away when it
+        # was taken mid-burst: the API settled a 4.3M burst 44 min behind while Δ_assumed was
+        # 56, and that estimate kept 4.1M off for two days (fuzz seed 6 stranded 8.2M).
+        free_total = max(free_total, min(estimate, balance + floor - state.unseen_bound))
     unseen = 0
     if state.unseen_ref is not None:
         # Young: F = the first balance less what was unseen and unsettled then, whatever the lag.
@@ -492,14 +509,19 @@ def settled_floor(state: LimitState, before: Mapping[str, int], gone: Sequence[s
     Nothing else raises it: no age makes usage settled, because no lag is too long to happen
     (a 540-min lag passed the 8-hour ceiling this once assumed and burned 602,908, stop 39).
     """
-    if not previous_ms:
-        chained = -state.unseen_bound
-    elif state.settled_floor is None:
-        return None
-    else:
-        chained = state.settled_floor + _least_settled(before, gone, packages)
+    chain = _floor_chain(state, before, gone, previous_ms, packages)
     # Never above what we recorded: more settled is usage outside the proxy, not ours.
-    return min(chained, usage.lifetime_usage)
+    return None if chain is None else min(chain, usage.lifetime_usage)
+
+
+def _floor_chain(state: LimitState, before: Mapping[str, int], gone: Sequence[str],
+                 previous_ms: int, packages: Sequence[PackageView]) -> int | None:
+    """The last floor raised by what the packages lost since (from −A), before the cap."""
+    if not previous_ms:
+        return -state.unseen_bound
+    if state.settled_floor is None:
+        return None
+    return state.settled_floor + _least_settled(before, gone, packages)
 
 
 def day_step(now_ms: int, packages: Sequence[PackageView], usage: UsageView,

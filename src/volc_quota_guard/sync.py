@@ -85,7 +85,7 @@ def _start_text(history_start: int, held_until: int, young: int) -> str:
                 f"show the last {-(-(held_until - history_start) // MINUTE_MS)} min of usage yet")
     if young:
         return (f"; the balance wall keeps {young:,} tokens off until the API shows that much "
-                f"settled (at most {YOUNG_MS // 3_600_000} h)")
+                f"settled (a ceiling for at most {YOUNG_MS // 3_600_000} h; quiet anchors keep it off after)")
     return ""
 
 

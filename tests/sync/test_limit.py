@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from volc_quota_guard.limit import LimitState, PackageView, UsageView, assumed_lag_ms, compute_limit
 
 MIN = 60_000
@@ -140,7 +142,9 @@ def test_a_lag_is_observed_without_a_quiet_stretch():
     # A lower bound: the in flight at the first sync may not have run, so it reads ~40 minutes.
     assert r.lag_observed_ms is not None and 38 * MIN <= r.lag_observed_ms <= 45 * MIN
     assert assumed_lag_ms(r.state, later, FLOOR) >= 45 * MIN
-    assert r.free_total < 2_000_000  # the bound is never the wall's free total
+    # The bound is never the wall's free total; the floor (the packages lost 450,000, all ours
+    # here: no unseen usage before the history) proves the true one, 2,000,000, at most.
+    assert r.free_total <= 2_000_000
 
 
 def test_reservations_kept_whole_do_not_read_as_lag():
@@ -390,3 +394,46 @@ def test_what_a_young_history_saw_does_not_outlive_it():
     assert loose.state.unseen_ref is not None and loose.free_total <= 280_000
     done = young([PackageView("p1", 270_000, None)], view, state=loose.state, now=T + 480 * MIN)
     assert done.state.unseen_ref is None and done.state.lowest_free_total <= 280_000
+
+
+def test_the_floor_frees_what_a_lowest_estimate_taken_mid_burst_keeps_off():
+    """The lowest estimate (1,950,000) was taken while a burst the API had already settled was
+    still inside Δ_assumed, and it holds while the package set does not change. This sync's
+    estimate (balance + U(t − 377 min)) is a bound unless the lag grew past Δ_assumed; the settled
+    floor (what the packages lost) is one whatever the lag, unless usage outside the proxy lost
+    some of it: F ≥ balance + the least of the two, a bound while either holds (fuzz seed 6)."""
+    view = steady(10, 1_000, T)  # 600,000 over 10 hours, 1,000 a minute
+    state = LimitState(lags=((T - 60 * MIN, 300 * MIN),), last_sync_ms=T - 10 * MIN,
+                       packages=(("p1", 2_000_000),), lowest_free_total=1_950_000, settled_floor=250_000)
+    r = limit([PackageView("p1", 1_900_000, None)], view, state=state)
+    assert r.state.settled_floor == 350_000 and r.lag_assumed_ms == 377 * MIN
+    assert r.state.lowest_free_total == 1_950_000
+    # The estimate (its last complete minute: U = 222,000) is below the floor: it decides.
+    assert r.free_total == 1_900_000 + 222_000
+    # A floor below it decides instead.
+    low = limit([PackageView("p1", 1_990_000, None)], view, state=replace(state, settled_floor=100_000))
+    assert low.state.settled_floor == 110_000
+    assert low.free_total == 1_990_000 + 110_000
+    # No floor (unknown): the lowest estimate, as before.
+    unknown = limit([PackageView("p1", 1_900_000, None)], view, state=replace(state, settled_floor=None))
+    assert unknown.free_total == 1_950_000
+
+
+def test_the_floor_hedge_keeps_a_second_unseen_bound_off_and_ends_when_the_floor_overruns():
+    """The floor is a bound only if at most A ran unseen before the history (and nothing outside
+    the proxy): a second A stays off it, so up to 2A unseen leaves it one (red-team: 350,000 unseen
+    under A = 200,000 and a lag incident billed 90,000 without it). Packages that lost more than A
+    plus all we recorded prove that premise false: no hedge for the rest of the history."""
+    view = steady(10, 1_000, T)
+    state = LimitState(lags=((T - 60 * MIN, 300 * MIN),), last_sync_ms=T - 10 * MIN,
+                       packages=(("p1", 2_000_000),), lowest_free_total=1_950_000,
+                       settled_floor=100_000, unseen_bound=100_000)
+    r = limit([PackageView("p1", 1_990_000, None)], view, state=state)
+    assert r.free_total == 1_990_000 + 110_000 - 100_000
+    over = limit([PackageView("p1", 1_900_000, None)], view, state=replace(state, settled_floor=590_000))
+    assert over.state.floor_overrun and over.state.settled_floor == 600_000  # capped: all we recorded
+    assert over.free_total == 1_950_000
+    later = limit([PackageView("p1", 1_900_000, None)], view,
+                  state=replace(over.state, last_sync_ms=T - 5 * MIN), now=T)
+    assert later.state.floor_overrun and later.free_total == 1_950_000
+    assert LimitState.from_json(over.state.to_json()).floor_overrun
