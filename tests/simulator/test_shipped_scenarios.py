@@ -79,6 +79,15 @@ def test_a_freeze_longer_than_8_hours_keeps_the_margin(results: Results) -> None
     assert day.served_tokens >= 4_500_000, day.as_json()
 
 
+def test_a_lowest_estimate_taken_mid_burst_does_not_strand_the_pool(results: Results) -> None:
+    """Fuzz seed 6: the lowest estimate, taken while a burst the API had already settled sat
+    inside Δ_assumed, kept 4.1M off for two days (4,764,719 served); the floor-hedged estimate
+    lifts it by what the packages lost."""
+    day = results["fuzz-6-lowest-estimate-taken-mid-burst"]["guard"]
+    assert (day.billed_tokens, day.burned_tokens) == (0, 0), day.as_json()
+    assert day.served_tokens >= 9_500_000, day.as_json()
+
+
 def test_unreported_usage_under_a_lag_of_hours_stays_counted(results: Results) -> None:
     """Fuzz seeds 563 and 604: an unreported burst, then the API hours behind. The day's count
     trusted Δ_assumed (and an anchor on a quiet stretch shorter than the lag) and burned
