@@ -395,11 +395,13 @@ def compute_limit(
         # was taken mid-burst: the API settled a 4.3M burst 44 min behind while Δ_assumed was
         # 56, and that estimate kept 4.1M off for two days (fuzz seed 6 stranded 8.2M).
         free_total = max(free_total, min(estimate, balance + floor - state.unseen_bound))
-    unseen = 0
     if state.unseen_ref is not None:
         # Young: F = the first balance less what was unseen and unsettled then, whatever the lag.
         free_total = min(free_total, state.unseen_ref - state.unseen_bound)
-        unseen = max(0, balance - free_total)  # the balance may still show it: keep it off
+    # A free total below the balance: the balance still shows what may have run unseen, keep it
+    # off. Not only while young: the young ceiling stays the lowest estimate after, and clamping
+    # it at the balance there let a 777-min lag bill 18,202 (fuzz seed 729).
+    unseen = max(0, balance - free_total)
     settled_usage = max(0, free_total - balance)
 
     valid_until = now_ms + max_age_ms

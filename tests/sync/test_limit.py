@@ -437,3 +437,15 @@ def test_the_floor_hedge_keeps_a_second_unseen_bound_off_and_ends_when_the_floor
                   state=replace(over.state, last_sync_ms=T - 5 * MIN), now=T)
     assert later.state.floor_overrun and later.free_total == 1_950_000
     assert LimitState.from_json(over.state.to_json()).floor_overrun
+
+
+def test_a_free_total_below_the_balance_stays_off_the_wall_after_a_young_history():
+    """The young ceiling stays the lowest estimate after the history is no longer young; where it
+    is below the balance (the API still shows none of what ran unseen) the wall keeps the
+    difference off. Clamped at the balance, it let a 777-min lag bill 18,202 (fuzz seed 729)."""
+    state = LimitState(lowest_free_total=400_174, last_sync_ms=T - 10 * MIN, packages=(("p1", 600_174),),
+                       unseen_bound=200_000)
+    r = limit([PackageView("p1", 600_174, None)], steady(10, 500, T), state=state)  # never quiet
+    assert r.free_total == 400_174 and r.unseen == 200_000
+    snap = r.snapshot
+    assert snap.balance + snap.settled_usage - snap.expiring - snap.small_buffer == 350_174
