@@ -248,13 +248,15 @@ def compute_limit(
     cold_start_admit: int = 0,
     unseen_tokens: int = 0,
     lost: bool = False,
+    awaiting: bool = True,
     running_ms: int = 0,
 ) -> LimitResult:
     """The pool's snapshot. `history_start_ms` is where our usage timeline begins (the state's
     hist_at; 1 = long ago); a new history is young: it keeps `unseen_tokens` (what may have run
     unseen, not settled, before it began) off the free total. Until the history covers
     Δ_assumed the snapshot holds the pool (lifetime usage reaches at most `cold_start_admit`)
-    where no unseen bound applies or the history replaces a `lost` one."""
+    where no unseen bound applies, or where the history replaces a `lost` one while `awaiting`
+    processes that were running then have not said what they saw."""
     balance = sum(p.available for p in packages)
     notes: list[str] = []
     if state.generation != history_start_ms and (state.generation, history_start_ms) != (0, 1):
@@ -367,10 +369,12 @@ def compute_limit(
         state = replace(state, lowest_free_total=lowest, last_sync_ms=now_ms)
     # A first start under an unseen bound is not held: the young ceiling below bounds the free
     # total whatever ran before (a hold on top refused 2.9% of the fuzz's served tokens). A lost
-    # history is: its bound is a checkpoint up to a poll old, and a burst admitted since is in
-    # no bound (billed 134,300 under a 14-min lag without the hold: `wipe-after-an-unchecked-burst`).
-    held_until = (history_start_ms + lag
-                  if history_ms < lag and (state.unseen_bound <= 0 or state.lost) else 0)
+    # history is, while a process that was running may have admitted what no bound holds (its
+    # view arrives at its next poll: a burst in no bound billed 134,300 under a 14-min lag,
+    # `wipe-after-an-unchecked-burst`); once every one has reported, the bound holds all they
+    # saw and the hold only refused (7.1% of the fuzz's served tokens, stop 42).
+    held_until = (history_start_ms + lag if history_ms < lag
+                  and (state.unseen_bound <= 0 or (state.lost and awaiting)) else 0)
     if external and state.anchor_free_total is not None:
         # Someone else drew on the pool: the anchor no longer holds; fall back to the estimates.
         lowest = min(lowest, state.anchor_free_total)

@@ -55,6 +55,10 @@ HOLD_SLACK_MS = 1_000  # the sync after a hold runs this long after its end (Red
 # How far back each sync reads the usage timeline at least: the lag observer searches it (a
 # lower bound found in less of it stays a lower bound) and the anchor's margin looks back Δ.
 TIMELINE_READ_MS = 8 * 60 * MINUTE_MS
+# A process that polled this recently may still be admitting: a generation that replaces a lost
+# one stays held until each such process has polled it and said what it saw (or Δ_assumed ends).
+PEER_MEMORY_MS = 10 * MINUTE_MS
+PEER_FORGET_MS = 24 * 60 * MINUTE_MS  # a process silent this long is gone: its record fields go
 BILLING_EVENT = {"vqg_billing": True}  # marks 💸 and ⛔ lines: a finding about the pool, not a sync failure
 
 
@@ -76,6 +80,28 @@ class Checkpoint:
     carry_day: int = 0  # usage also counted on that Beijing day (calls Ark may bill after midnight)
     carry: int = 0
     inflight: int = 0  # in flight, prompts at the miscount ceiling (in `today` too)
+
+
+def _reports(meta: dict[str, str], pool: str, gen: int) -> list[int]:
+    """What the processes that found generation `gen` replacing one they knew saw unsettled
+    (`lost:<pool>:<owner>`; `lost:<pool>` from a release before stop 42)."""
+    found = []
+    for key, value in meta.items():
+        if key == f"lost:{pool}" or key.rpartition(":")[0] == f"lost:{pool}":
+            at, _, bound = value.partition(":")
+            if at == str(gen) and bound.isdigit():
+                found.append(int(bound))
+    return found
+
+
+def _awaiting(meta: dict[str, str], pool: str, gen: int) -> bool:
+    """Whether a process running when generation `gen` replaced a lost one has not polled it
+    yet (its poll began after `gen` began); unknown (no record of who ran) counts as yes."""
+    at, _, who = meta.get(f"await:{pool}", "").partition(":")
+    if at != str(gen):
+        return True
+    polls = {owner: meta.get(f"seen:{owner}", "") for owner in who.split(",") if owner}
+    return any(not at.isdigit() or int(at) <= gen for at in polls.values())
 
 
 def _start_text(history_start: int, held_until: int, young: int) -> str:
@@ -128,6 +154,10 @@ class SyncService:
         self.owner = uuid.uuid4().hex
         self.after_tick: list[Callable[[], object]] = []  # e.g. the consume task's schedule
         self.checkpoints: dict[str, Checkpoint] = {}
+        # Per account: the other processes seen polling (owner -> when its last poll began), kept
+        # here too: a wipe takes the account's record with it.
+        self.peers: dict[str, dict[str, int]] = {}
+        self._awaits: dict[str, tuple[int, frozenset[str]]] = {}  # pool -> (generation, peers) to record
         self._reported: set[tuple[str, int]] = set()  # (pool, generation) whose start was logged
         self._warned: set[tuple[str, tuple[int, int]]] = set()  # (pool, other settings) said
         self._stop = threading.Event()
@@ -214,7 +244,11 @@ class SyncService:
         before = self._last_seen(pool)  # taken before the read: its answers ran before it too
         h = self.gate.history(pool)
         if h is None:
-            return  # gone (or never synced): the sync that recreates it reports the loss
+            if account is not None and pool in self.checkpoints:
+                # Gone under us with the account's record kept (evicted keys): the next sync
+                # must not wait for its interval to recreate the pool (and report the loss).
+                self.records.write_sync_meta(account, {"next_at": 0})
+            return  # the sync that recreates it reports the loss
         gen = h["hist_at"] or 1
         if before is not None and before.generation == gen and h["ucum"] < before.ucum:
             # Lifetime usage went down in the same generation: the store came back from an older
@@ -236,15 +270,45 @@ class SyncService:
             if account is not None:
                 # The process that recreated the pool knew nothing of ours: the next sync (this
                 # tick's) holds the pool as lost and keeps what we saw unsettled off the wall.
-                self.records.write_sync_meta(account, {f"lost:{pool}": f"{gen}:{bound}", "next_at": 0})
+                self.records.write_sync_meta(account, {f"lost:{pool}:{self.owner}": f"{gen}:{bound}",
+                                                       "next_at": 0})
             self._state_lost(pool, gen, seen, "its counters, usage timeline and snapshot "
                              "(another process recreated them)", h,
-                             f"; the next sync holds it for Δ_assumed and keeps {bound:,} tokens off "
-                             "the balance wall until the API shows that much settled")
+                             f"; the next sync keeps {bound:,} tokens off the balance wall until the "
+                             "API shows that much settled")
         if seen is not None and seen.generation == gen:
             self._remember(pool, gen, h, seen.lags, seen.young, seen.floor)
         else:
             self._remember(pool, gen, h, (), 0, None)
+
+    def heartbeat(self, account: str, began: int) -> None:
+        """Record that this process polled the account's pools from `began` on (after any loss
+        it found was reported), and remember who else polls: a generation created after a loss
+        is held until each of them has polled it."""
+        meta = self.records.sync_meta(account)
+        peers = self.peers.setdefault(account, {})
+        gone = []
+        for key, value in meta.items():
+            owner = key.rpartition(":")[2]
+            if not key.startswith("seen:") or owner == self.owner or not value.isdigit():
+                continue
+            peers[owner] = max(peers.get(owner, 0), int(value))
+            if began - int(value) > PEER_FORGET_MS:
+                gone += [k for k in meta if k.startswith(("seen:", "lost:")) and k.endswith(f":{owner}")]
+        for owner in [o for o, at in peers.items() if began - at > PEER_MEMORY_MS]:
+            del peers[owner]
+        self.records.write_sync_meta(account, {f"seen:{self.owner}": began})
+        if gone:
+            self.records.drop_sync_meta(account, gone)
+
+    def _live_peers(self, account: str, now: int, meta: dict[str, str]) -> frozenset[str]:
+        """The other processes that polled the account within PEER_MEMORY_MS (remembered, or in
+        a record that survived the pool's keys)."""
+        seen = dict(self.peers.get(account, {}))
+        for key, value in meta.items():
+            if key.startswith("seen:") and value.isdigit():
+                seen[key[5:]] = max(seen.get(key[5:], 0), int(value))
+        return frozenset(o for o, at in seen.items() if o != self.owner and now - at <= PEER_MEMORY_MS)
 
     def _remember(self, pool: str, gen: int, h: dict[str, int],
                   lags: tuple[tuple[int, int], ...], young: int, floor: int | None) -> None:
@@ -346,6 +410,9 @@ class SyncService:
                 next_at = min(next_at, started + RETRY_MS)
                 continue
             results.append(result)
+            if spec.pool in self._awaits:  # a lost generation: who it waits for
+                gen, peers = self._awaits.pop(spec.pool)
+                gens[f"await:{spec.pool}"] = f"{gen}:{','.join(sorted(peers))}"
             gens[f"gen:{spec.pool}"] = self.checkpoints[spec.pool].generation \
                 if spec.pool in self.checkpoints else result.history_start_ms
             if result.held_until_ms:
@@ -379,9 +446,19 @@ class SyncService:
         # A state this call creates is lost state when this process or the account's sync
         # record knew an earlier generation, else a first start.
         lost = not exists and (seen is not None or bool((meta or {}).get(f"gen:{pool}")))
-        # Another process saw this generation replace one it knew (`checkpoint`): lost too.
-        other_gen, _, other_bound = (meta or {}).get(f"lost:{pool}", "").partition(":")
-        other = other_gen == str(history_start) and other_bound.isdigit()
+        # Another process saw this generation replace one it knew (`checkpoint`): lost too, and
+        # what it saw unsettled is unseen.
+        reports = _reports(meta or {}, pool, history_start)
+        other = bool(reports)
+        awaiting = True
+        if lost:
+            # The processes that were running may have admitted what no checkpoint here holds:
+            # held until each has polled this generation (and reported), Δ_assumed at most.
+            peers = self._live_peers(pool.split("/", 1)[0], now, meta or {})
+            self._awaits[pool] = (0, peers)
+            awaiting = bool(peers)
+        elif exists:
+            awaiting = _awaiting(meta or {}, pool, history_start)
         if not state.lags and seen is not None and seen.lags:
             state = replace(state, lags=seen.lags)  # the estimator's state went: keep what we saw
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
@@ -403,11 +480,11 @@ class SyncService:
             # Lost under this process: its own usage the API had not shown yet (its last poll,
             # raised by its later gate answers: `_last_seen`) is unseen too.
             unseen_tokens=max(cfg.unseen_day_tokens, seen.unsettled if lost and seen else 0,
-                              int(other_bound) if other else 0),
+                              max(reports, default=0)),
             # A call admitted just before the snapshot goes stale runs (renewed) up to the keep
             # horizon: 40 calls of 90 minutes outlived a package expiring past a TTL's lookahead
             # and billed 680,500 (red-team, stop 37).
-            lost=lost or other,
+            lost=lost or other, awaiting=awaiting,
             running_ms=cfg.longest_call_ms())
         start, top = cfg.correction_ppm()  # the cheap class; an exact count has its own floor
         snapshot = replace(result.snapshot, packages=[asdict(v) for v in views],
@@ -418,6 +495,8 @@ class SyncService:
         decision = self.gate.install_snapshot(pool, snapshot)
         h = self.gate.history(pool)
         gen = (h or {}).get("hist_at") or history_start
+        if pool in self._awaits:
+            self._awaits[pool] = (gen, self._awaits[pool][1])
         if not self.records.write_limit_state(pool, replace(result.state, generation=gen).to_json(),
                                               listed_at_ms=now, now_ms=self.now_ms()):
             log.warning("⚠️ [Sync] %s: a later billing listing's estimates are stored; this sync's "
@@ -468,10 +547,18 @@ class SyncService:
         known = meta.get(f"gen:{pool}")
         if seen is not None or known:
             lost = ["the pool's counters, usage timeline and snapshot"]
-            if not meta:
+            if not any(k == "last_at" or k.startswith("gen:") for k in meta):  # no sync wrote it
                 lost.append("the account's sync record")
+            peers = self._awaits.get(pool, (0, frozenset()))[1]
+            start = None
+            if result.held_until_ms and peers:
+                start = (f"; held until the {len(peers)} other process(es) polling this account "
+                         f"have polled it and said what they admitted, "
+                         f"{to_beijing(result.held_until_ms):%H:%M} (Beijing) at the latest; "
+                         f"{result.state.unseen_bound:,} tokens off the balance wall until the API "
+                         "shows that much settled")
             self._state_lost(pool, gen, seen if seen is not None and seen.generation != gen else None,
-                             ", and ".join(lost), h)
+                             ", and ".join(lost), h, start)
             return
         self._reported.add((pool, gen))
         young = result.state.unseen_bound if result.state.unseen_ref is not None else 0
@@ -502,8 +589,10 @@ class SyncService:
             by_account.clear()
         for account, specs in sorted(by_account.items()):
             try:
+                began = self.now_ms()  # before the reads: a poll stamped later saw what is there now
                 for spec in specs:
                     self.checkpoint(spec.pool, account)
+                self.heartbeat(account, began)
                 outcomes.append(self.maybe_sync(account, specs))
             except StoreUnavailable as exc:  # every Redis failure arrives as this (gate/store.py)
                 metrics.sync_failed(account, exc)

@@ -11,6 +11,7 @@ import pytest
 from sync.conftest import ACCOUNT, MIN, POOL, beijing_ms
 from volc_quota_guard.gate import Decision, Snapshot
 from volc_quota_guard.limit import LimitState, assumed_lag_ms
+from volc_quota_guard.sync import PEER_MEMORY_MS
 
 HELD = {"cold_start_admit_tokens": 0, "unseen_day_tokens": 200_000}  # the production defaults
 
@@ -103,7 +104,7 @@ def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_w
         old.tick()
     lost = [r.getMessage() for r in caplog.records if "[STATE-LOST]" in r.getMessage()]
     assert len(lost) == 1 and f"today's usage restored to {today:,}" in lost[0], lost
-    assert "; the next sync holds it for Δ_assumed and keeps " in lost[0]
+    assert "; the next sync keeps " in lost[0] and "off the balance wall" in lost[0]
     st = w.gate.status(POOL)
     assert st.get("hist_lost") == 1 and st.get("day_usage") == today
     assert st.get("hold_until") == st.get("hist_at") + 20 * MIN  # the old process's sync, this tick
@@ -139,7 +140,9 @@ def test_a_checkpoint_counts_in_flight_prompts_at_the_miscount_ceiling(make_worl
 
 def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(make_world, caplog):
     """The pool's keys vanish but the account's sync record survives: even a process that never
-    saw the pool knows from Redis that it had a history, and holds it as lost state."""
+    saw the pool knows from Redis that it had a history, and holds it as lost state while the
+    process that was running (it polled a minute ago) has not polled the new generation; once
+    it has, its view is in the bound and the hold ends."""
     w = make_world("2026-08-20 13:00", lag_minutes=4, **HELD)
     w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
     first = w.service()
@@ -149,6 +152,7 @@ def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(m
         w.client.delete(key)
     assert w.client.exists(w.keyspace.sync_meta(ACCOUNT))
     w.clock.advance(31 * MIN)  # the next interval sync
+    first.heartbeat(ACCOUNT, w.clock.now_ms() - 1_000)  # it polls on (a second ago)
     newcomer = w.service()
     with caplog.at_level(logging.WARNING, logger="volc_quota_guard.sync"):
         newcomer.tick()
@@ -158,6 +162,31 @@ def test_counters_gone_with_the_sync_record_kept_is_state_lost_for_any_process(m
     assert st.get("hist_lost") == 1 and st.get("hold_until") > w.clock.now_ms()
     assert st.decision.daily_cap == 2_000_000 - 200_000
     assert st.decision.balance_wall == 0  # held: VQG_COLD_START_ADMIT_TOKENS
+    newcomer.tick()
+    assert w.gate.status(POOL).get("hold_until") > w.clock.now_ms(), "still waiting for the first"
+    w.clock.advance(1_000)
+    first.tick()  # polls the new generation: says what it saw unsettled, and syncs
+    st = w.gate.status(POOL)
+    young = LimitState.from_json(w.gate.records.limit_state(POOL))
+    assert st.get("hold_until") == 0 and young.lost and young.unseen_bound >= 200_000
+    assert st.decision.balance_wall == st.get("balance") - young.unseen_bound - 50_000
+
+
+def test_a_lost_generation_waits_only_for_processes_that_polled_lately(make_world):
+    """A process silent for longer than PEER_MEMORY_MS (gone, or stopped) is not waited for:
+    the lost generation serves from its first sync under the bound of what this one saw."""
+    w = make_world("2026-08-20 13:00", lag_minutes=4, **HELD)
+    w.fake.add_package(POOL, 2_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    gone, svc = w.service(), w.service()
+    w.idle("2026-08-20 13:21", svc)
+    gone.tick()
+    w.run("2026-08-20 13:40", every_ms=MIN, tokens=5_000, svc=svc)
+    assert w.clock.now_ms() - int(w.gate.records.sync_meta(ACCOUNT)[f"seen:{gone.owner}"]) > PEER_MEMORY_MS
+    _wipe(w)
+    w.clock.advance(1_000)
+    svc.tick()
+    st = w.gate.status(POOL)
+    assert st.get("hist_lost") == 1 and st.get("hold_until") == 0 and st.decision.balance_wall > 0
 
 
 def test_estimates_of_a_lost_generation_are_not_carried_into_the_new_one(make_world):
@@ -178,10 +207,8 @@ def test_estimates_of_a_lost_generation_are_not_carried_into_the_new_one(make_wo
     assert new.generation == w.gate.status(POOL).get("hist_at") != old.generation
     assert new.lowest_free_total is None  # the history does not cover Δ: no estimate is a bound
     assert new.lags == ((w.clock.now_ms(), 30 * MIN),)
-    # The kept 30-min lag sets Δ_assumed = 30 × 1.25 + 2 = 39.5 min: the lost state's hold.
+    # The kept 30-min lag sets Δ_assumed = 30 × 1.25 + 2 = 39.5 min (no hold: the only process).
     assert assumed_lag_ms(new, w.clock.now_ms(), 20 * MIN) == int(30 * MIN * 1.25) + 2 * MIN
-    st = w.gate.status(POOL)
-    assert st.get("hold_until") == st.get("hist_at") + int(30 * MIN * 1.25) + 2 * MIN
 
 
 @pytest.mark.parametrize("admit", [0, 30_000])

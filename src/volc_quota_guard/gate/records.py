@@ -75,6 +75,10 @@ class Records:
         with store_errors():
             self._client.hset(self.keyspace.sync_meta(account), mapping=dict(fields))  # type: ignore[arg-type]
 
+    def drop_sync_meta(self, account: str, fields: list[str]) -> None:
+        with store_errors():
+            self._client.hdel(self.keyspace.sync_meta(account), *fields)
+
     def take_sync_lock(self, account: str, owner: str, ttl_ms: int) -> bool:
         """Whether `owner` now holds the account's sync lock (held by nobody else, for `ttl_ms`)."""
         key = self.keyspace.sync_lock(account)
