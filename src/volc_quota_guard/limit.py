@@ -105,6 +105,10 @@ class LimitState:
     # has settled at most this less the balance since the history began. None = not young.
     unseen_ref: int | None = None
     unseen_bound: int = 0  # ... and the most that may have run unseen then, not yet settled
+    # The balance at the first sync, not moved by arrivals: what ran unseen before can have taken
+    # no more than that (a free balance stops at 0, the rest is billed; later packages were not
+    # there). None: unknown (a state from before stop 42).
+    unseen_room: int | None = None
     # The generation replaced one a running guard lost (a wipe): held for Δ_assumed whatever the
     # bound, since what was admitted after the last checkpoint is in no bound (billed 134,300).
     lost: bool = False
@@ -117,6 +121,12 @@ class LimitState:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+    @property
+    def unseen_off(self) -> int:
+        """What the young ceiling keeps off the first balance: the unseen bound, up to the room
+        there was (a first start on an empty pool keeps nothing off the packages that arrive)."""
+        return self.unseen_bound if self.unseen_room is None else min(self.unseen_bound, self.unseen_room)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any] | None) -> LimitState:
@@ -142,6 +152,7 @@ class LimitState:
             generation=int(raw.get("generation") or 0),
             unseen_ref=optional_int(raw.get("unseen_ref")),
             unseen_bound=int(raw.get("unseen_bound") or 0),
+            unseen_room=optional_int(raw.get("unseen_room")),
             lost=bool(raw.get("lost")),
             settled_floor=optional_int(raw.get("settled_floor")),
             floor_overrun=bool(raw.get("floor_overrun", False)),
@@ -263,7 +274,7 @@ def compute_limit(
         # Estimates of another generation are in another generation's lifetime coordinates;
         # what was learned about the API's lag still holds.
         state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance,
-                           unseen_bound=unseen_tokens, lost=lost)
+                           unseen_bound=unseen_tokens, unseen_room=max(0, balance), lost=lost)
     elif lost and not state.lost:  # found lost later (another process knew the old generation)
         state = replace(state, lost=True, unseen_bound=max(state.unseen_bound, unseen_tokens)
                         if state.unseen_ref is not None else state.unseen_bound)
@@ -401,7 +412,7 @@ def compute_limit(
         free_total = max(free_total, min(estimate, balance + floor - state.unseen_bound))
     if state.unseen_ref is not None:
         # Young: F = the first balance less what was unseen and unsettled then, whatever the lag.
-        free_total = min(free_total, state.unseen_ref - state.unseen_bound)
+        free_total = min(free_total, state.unseen_ref - state.unseen_off)
     # A free total below the balance: the balance still shows what may have run unseen, keep it
     # off. Not only while young: the young ceiling stays the lowest estimate after, and clamping
     # it at the balance there let a 777-min lag bill 18,202 (fuzz seed 729).
@@ -440,9 +451,9 @@ def _young_ends(state: LimitState, balance: int, usage: UsageView, now_ms: int,
     usage settling looks like ours)."""
     if state.unseen_ref is None:
         return state
-    settled, unseen_tokens = state.unseen_ref - balance, state.unseen_bound
+    settled, unseen_tokens = state.unseen_ref - balance, state.unseen_off
     if unseen_tokens <= 0:
-        return replace(state, unseen_ref=None)  # the operator says nothing ran unseen
+        return replace(state, unseen_ref=None)  # nothing ran unseen (the operator), or no room
     lags = state.lags
     if settled > unseen_tokens:
         # At least `settled − bound` of ours is settled: the API is at most this far behind.

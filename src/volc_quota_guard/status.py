@@ -32,7 +32,7 @@ def pool_status(gate: Gate, pool: str, cfg: Settings) -> dict[str, Any]:
         return {"pool": pool, "now_ms": now, "has_snapshot": False}
     limit = LimitState.from_json(records.limit_state(pool))
     recent = [(at, lag) for at, lag in limit.lags if now - at <= LAG_WINDOW_MS]
-    young = limit.unseen_bound if limit.unseen_ref is not None and limit.generation == f("hist_at") else 0
+    young = limit.unseen_off if limit.unseen_ref is not None and limit.generation == f("hist_at") else 0
     meta = records.sync_meta(pool.split("/", 1)[0])
     settled = min(f("settled"), f("ucum"))
     evicted_until = f("evicted_until")

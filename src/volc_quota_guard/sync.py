@@ -341,7 +341,7 @@ class SyncService:
                   "cap is lowered by %s until Beijing midnight%s", pool, what, today,
                   f"{self.cfg.unseen_day_tokens:,}",
                   start if start is not None else _start_text(
-                      gen, held_until, young.unseen_bound if young.unseen_ref is not None else 0),
+                      gen, held_until, young.unseen_off if young.unseen_ref is not None else 0),
                   extra=BILLING_EVENT)
 
     # -- one sync -----------------------------------------------------------------------------
@@ -555,13 +555,13 @@ class SyncService:
                 start = (f"; held until the {len(peers)} other process(es) polling this account "
                          f"have polled it and said what they admitted, "
                          f"{to_beijing(result.held_until_ms):%H:%M} (Beijing) at the latest; "
-                         f"{result.state.unseen_bound:,} tokens off the balance wall until the API "
+                         f"{result.state.unseen_off:,} tokens off the balance wall until the API "
                          "shows that much settled")
             self._state_lost(pool, gen, seen if seen is not None and seen.generation != gen else None,
                              ", and ".join(lost), h, start)
             return
         self._reported.add((pool, gen))
-        young = result.state.unseen_bound if result.state.unseen_ref is not None else 0
+        young = result.state.unseen_off if result.state.unseen_ref is not None else 0
         log.warning("🕒 [COLD-START] %s: the guard's history of this pool begins now; %s tokens "
                     "assumed used unseen are off today's cap until Beijing midnight%s", pool,
                     f"{self.cfg.unseen_day_tokens:,}", _start_text(gen, result.held_until_ms, young))

@@ -80,6 +80,30 @@ def test_a_first_start_without_an_unseen_bound_holds_for_the_lag(make_world, cap
     assert (t.billed, t.burned) == (0, 0), t
 
 
+@pytest.mark.parametrize("first", [0, 60_000])
+def test_what_ran_unseen_takes_no_more_than_the_first_balance(make_world, first):
+    """Usage before the history began drew on the packages there were, and a free balance stops
+    at 0 (the rest is billed): it can take no more than the first balance off, and nothing off a
+    package that arrives later. Before stop 42 the young ceiling kept all 200,000 off: fuzz seed 0
+    (an empty pool whose package came five hours in) refused its whole first evening."""
+    w = make_world("2026-08-20 10:00", lag_minutes=4, small_buffer=10_000, **HELD)
+    if first:
+        w.fake.add_package(POOL, first, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    svc = w.service()
+    svc.tick()
+    young = LimitState.from_json(w.gate.records.limit_state(POOL))
+    assert young.unseen_room == first and young.unseen_bound == 200_000
+    w.clock.advance(5 * MIN)
+    w.fake.add_package(POOL, 500_000, acquired_ms=w.clock.now_ms())
+    w.clock.advance(5 * MIN)  # the API shows it
+    w.idle("2026-08-20 10:30", svc)
+    st = w.gate.status(POOL)
+    assert st.get("balance") == first + 500_000
+    assert st.decision.balance_wall == first + 500_000 - first - 10_000  # `first` off, not 200,000
+    w.run("2026-08-20 12:00", every_ms=MIN, tokens=20_000, svc=svc)
+    assert w.totals().billed == 0 and w.served >= 300_000
+
+
 def test_a_wipe_under_two_processes_is_reported_by_the_one_that_remembers(make_world, caplog):
     """After a wipe a fresh process recreates the pool (it knows nothing: COLD-START, not held);
     the running one finds the generation changed, reports ⛔ STATE-LOST, marks it in Redis,
