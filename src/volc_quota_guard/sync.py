@@ -451,6 +451,7 @@ class SyncService:
         reports = _reports(meta or {}, pool, history_start)
         other = bool(reports)
         awaiting = True
+        self._awaits.pop(pool, None)  # only this sync's: one whose install failed must not linger
         if lost:
             # The processes that were running may have admitted what no checkpoint here holds:
             # held until each has polled this generation (and reported), Δ_assumed at most.
