@@ -275,7 +275,10 @@ def compute_limit(
         # what was learned about the API's lag still holds.
         state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance,
                            unseen_bound=unseen_tokens, unseen_room=max(0, balance), lost=lost)
-    elif lost and not state.lost:  # found lost later (another process knew the old generation)
+    elif lost:
+        # Found lost later, or another process's report since: what it saw unsettled joins the
+        # bound. (Only the first report used to: with the Δ_assumed hold gone, the creator's own
+        # 72,360 stood where the other worker reported 84,420, and the pool billed 2,049.)
         state = replace(state, lost=True, unseen_bound=max(state.unseen_bound, unseen_tokens)
                         if state.unseen_ref is not None else state.unseen_bound)
     before = dict(state.packages)

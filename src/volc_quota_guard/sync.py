@@ -55,10 +55,13 @@ HOLD_SLACK_MS = 1_000  # the sync after a hold runs this long after its end (Red
 # How far back each sync reads the usage timeline at least: the lag observer searches it (a
 # lower bound found in less of it stays a lower bound) and the anchor's margin looks back Δ.
 TIMELINE_READ_MS = 8 * 60 * MINUTE_MS
-# A process that polled this recently may still be admitting: a generation that replaces a lost
-# one stays held until each such process has polled it and said what it saw (or Δ_assumed ends).
-PEER_MEMORY_MS = 10 * MINUTE_MS
-PEER_FORGET_MS = 24 * 60 * MINUTE_MS  # a process silent this long is gone: its record fields go
+# A process that stamped a poll this recently may still be admitting (its sync thread stuck, or
+# none: a hook-only process): a generation that replaces a lost one stays held until each such
+# process has polled it and said what it saw, or Δ_assumed ends. A process that stops cleanly
+# takes its stamp with it; one that crashed keeps the next wipe held for Δ_assumed for a day.
+PEER_MEMORY_MS = 24 * 60 * MINUTE_MS
+REPORT_POLLS = 3  # ... and at least this many polls (+2 s): a process that started after the
+REPORT_SLACK_MS = 2_000  # last poll read its stamp, and whose stamp the wipe took, reports by then
 BILLING_EVENT = {"vqg_billing": True}  # marks 💸 and ⛔ lines: a finding about the pool, not a sync failure
 
 
@@ -101,7 +104,14 @@ def _awaiting(meta: dict[str, str], pool: str, gen: int) -> bool:
     if at != str(gen):
         return True
     polls = {owner: meta.get(f"seen:{owner}", "") for owner in who.split(",") if owner}
+    # A hook-only process (`-<ms>`) never reports: waited for until Δ_assumed ends.
     return any(not at.isdigit() or int(at) <= gen for at in polls.values())
+
+
+def _stamp(value: str) -> int | None:
+    """When a `seen:` stamp's poll began (a hook-only process's is negative), or None."""
+    digits = value[1:] if value.startswith("-") else value
+    return int(digits) if digits.isdigit() else None
 
 
 def _start_text(history_start: int, held_until: int, young: int) -> str:
@@ -143,8 +153,12 @@ class SyncService:
         pools: Callable[[], list[PoolSpec]],
         lister_for: Callable[[str], PackageLister] | None = None,
         alarm: SkewAlarm = SKEW,
+        billing: bool = True,
     ) -> None:
         self.cfg = cfg
+        # False: a process whose billing sync is off (VQG_SYNC_ENABLED=false) only stamps that it
+        # admits and never reports (`-<ms>`): a lost generation waits Δ_assumed for it.
+        self.billing = billing
         self.alarm = alarm
         self.gate = gate
         self.records = gate.records
@@ -290,24 +304,32 @@ class SyncService:
         gone = []
         for key, value in meta.items():
             owner = key.rpartition(":")[2]
-            if not key.startswith("seen:") or owner == self.owner or not value.isdigit():
+            at = _stamp(value)
+            if not key.startswith("seen:") or owner == self.owner or at is None:
                 continue
-            peers[owner] = max(peers.get(owner, 0), int(value))
-            if began - int(value) > PEER_FORGET_MS:
+            peers[owner] = max(peers.get(owner, 0), at)
+            if began - at > PEER_MEMORY_MS:
                 gone += [k for k in meta if k.startswith(("seen:", "lost:")) and k.endswith(f":{owner}")]
-        for owner in [o for o, at in peers.items() if began - at > PEER_MEMORY_MS]:
+        kept = any(k == "last_at" or k.startswith("gen:") for k in meta)  # not wiped: complete
+        for owner in [o for o, at in peers.items() if began - at > PEER_MEMORY_MS
+                      or (kept and f"seen:{o}" not in meta)]:  # ... so a missing stamp: it stopped
             del peers[owner]
-        self.records.write_sync_meta(account, {f"seen:{self.owner}": began})
+        self.records.write_sync_meta(account, {f"seen:{self.owner}": began if self.billing else -began})
         if gone:
             self.records.drop_sync_meta(account, gone)
+
+    def report_window_ms(self) -> int:
+        """How long a lost generation waits at least: every live process polls in this time."""
+        return int(REPORT_POLLS * self.cfg.sync_poll_seconds * 1000) + REPORT_SLACK_MS
 
     def _live_peers(self, account: str, now: int, meta: dict[str, str]) -> frozenset[str]:
         """The other processes that polled the account within PEER_MEMORY_MS (remembered, or in
         a record that survived the pool's keys)."""
         seen = dict(self.peers.get(account, {}))
         for key, value in meta.items():
-            if key.startswith("seen:") and value.isdigit():
-                seen[key[5:]] = max(seen.get(key[5:], 0), int(value))
+            at = _stamp(value)
+            if key.startswith("seen:") and at is not None:
+                seen[key[5:]] = max(seen.get(key[5:], 0), at)
         return frozenset(o for o, at in seen.items() if o != self.owner and now - at <= PEER_MEMORY_MS)
 
     def _remember(self, pool: str, gen: int, h: dict[str, int],
@@ -417,6 +439,8 @@ class SyncService:
                 if spec.pool in self.checkpoints else result.history_start_ms
             if result.held_until_ms:
                 next_at = min(next_at, result.held_until_ms + HOLD_SLACK_MS)  # serve at its end
+                if result.state.lost:  # ... or once every process may have reported
+                    next_at = min(next_at, started + self.report_window_ms() + HOLD_SLACK_MS)
             if decision.headroom < self.cfg.low_headroom_tokens:
                 next_at = min(next_at, started + self.cfg.sync_low_interval_minutes * MINUTE_MS)
             expiry = next_expiry_ms(views, started)
@@ -455,11 +479,10 @@ class SyncService:
         if lost:
             # The processes that were running may have admitted what no checkpoint here holds:
             # held until each has polled this generation (and reported), Δ_assumed at most.
-            peers = self._live_peers(pool.split("/", 1)[0], now, meta or {})
-            self._awaits[pool] = (0, peers)
-            awaiting = bool(peers)
+            self._awaits[pool] = (0, self._live_peers(pool.split("/", 1)[0], now, meta or {}))
         elif exists:
-            awaiting = _awaiting(meta or {}, pool, history_start)
+            awaiting = now < history_start + self.report_window_ms() or _awaiting(
+                meta or {}, pool, history_start)
         if not state.lags and seen is not None and seen.lags:
             state = replace(state, lags=seen.lags)  # the estimator's state went: keep what we saw
         # Only the recent timeline matters: the quiet check, U(t − Δ) and the lag observer (whose
@@ -552,10 +575,12 @@ class SyncService:
                 lost.append("the account's sync record")
             peers = self._awaits.get(pool, (0, frozenset()))[1]
             start = None
-            if result.held_until_ms and peers:
-                start = (f"; held until the {len(peers)} other process(es) polling this account "
-                         f"have polled it and said what they admitted, "
-                         f"{to_beijing(result.held_until_ms):%H:%M} (Beijing) at the latest; "
+            if result.held_until_ms:
+                who = (f"the {len(peers)} other process(es) polling this account have polled it"
+                       if peers else "any other process polling this account has polled it")
+                start = (f"; held until {who} and said what they admitted (at least "
+                         f"{self.report_window_ms() / 1000:g} s, "
+                         f"{to_beijing(result.held_until_ms):%H:%M} (Beijing) at the latest); "
                          f"{result.state.unseen_off:,} tokens off the balance wall until the API "
                          "shows that much settled")
             self._state_lost(pool, gen, seen if seen is not None and seen.generation != gen else None,
@@ -580,7 +605,8 @@ class SyncService:
             by_account[spec.account].append(spec)
         outcomes = []
         try:
-            self.check_clock()
+            if self.billing:  # a stamp-only thread leaves the clock to the syncing processes
+                self.check_clock()
         except StoreUnavailable as exc:
             log.error("❌ [Sync] store unreachable, clock not checked (%s); will retry", exc)
         if self.alarm.reason is not None:
@@ -589,6 +615,12 @@ class SyncService:
             # refuse newer listings (red-team, stop 37). Nothing is admitted meanwhile anyway.
             by_account.clear()
         for account, specs in sorted(by_account.items()):
+            if not self.billing:
+                try:
+                    self.heartbeat(account, self.now_ms())
+                except StoreUnavailable as exc:
+                    log.error("❌ [Sync] %s: store unreachable (%s); will retry", account, exc)
+                continue
             try:
                 began = self.now_ms()  # before the reads: a poll stamped later saw what is there now
                 for spec in specs:
@@ -624,3 +656,8 @@ class SyncService:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout)
+        for account in list(self.peers):  # a clean stop: the next wipe need not wait for us
+            try:
+                self.records.drop_sync_meta(account, [f"seen:{self.owner}"])
+            except StoreUnavailable:
+                pass

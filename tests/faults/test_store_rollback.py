@@ -38,6 +38,6 @@ def test_redis_restored_from_an_older_dump_bills_nothing(scratch_redis: RedisSer
             assert fake.pool_totals(POOL).billed == 0  # on HEAD: 60,000 billed
             assert "the store went back in time" in caplog.text
             w.minutes(60, 5_000)
-        assert burst[0] == "admitted" and burst[-1] == "balance_wall", burst
+        assert "admitted" in burst[:2] and burst[-1] == "balance_wall", burst  # after the window
         totals = fake.pool_totals(POOL)
         assert totals.billed == 0 and totals.burned == 0, totals

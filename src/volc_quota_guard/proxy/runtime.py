@@ -123,11 +123,10 @@ def serve_metrics(cfg: Settings) -> WSGIServer | None:
 
 
 def start(cfg: Settings) -> SyncService | None:
-    """Start this process's /metrics and sync thread once (again in a forked child); the sync
-    service, or None when the sync is disabled or the store is not reachable yet."""
+    """Start this process's /metrics and sync thread once (again in a forked child; a stamp-only
+    one when the billing sync is off); the sync service, or None when the store is not
+    reachable yet."""
     serve_metrics(cfg)
-    if not cfg.sync_enabled:
-        return None
     with PROCESS.lock:
         if PROCESS.service is not None and PROCESS.service_pid == os.getpid():
             return PROCESS.service
@@ -145,16 +144,19 @@ def start(cfg: Settings) -> SyncService | None:
 
 
 def _start_service(cfg: Settings, gate: Gate) -> SyncService:
-    service = SyncService(cfg, gate, router_pools)
+    # With the billing sync off the thread only stamps that this process admits (docs/limit.md,
+    # "Lost state"): a wipe then holds the pool for Δ_assumed, since it never reports.
+    service = SyncService(cfg, gate, router_pools, billing=cfg.sync_enabled)
     PROCESS.service, PROCESS.service_pid = service, os.getpid()
-    if cfg.consume_enabled:
+    if cfg.consume_enabled and cfg.sync_enabled:
         consume_log.info("%s scheduled daily at %s Beijing time", TAG, cfg.consume_at)
         # A run takes many calls: it goes to its own thread, the sync thread stays free.
         service.after_tick.append(ConsumeTask(cfg, gate, router_targets, background=True).tick)
     service.start(cfg.sync_poll_seconds)
     atexit.register(service.stop, 2.0)
-    sync_log.info("🔄 [Sync] thread started (pid %s, every %ss, interval %s min)", PROCESS.service_pid,
-                  cfg.sync_poll_seconds, cfg.sync_interval_minutes)
+    sync_log.info("🔄 [Sync] thread started (pid %s, every %ss, interval %s min%s)", PROCESS.service_pid,
+                  cfg.sync_poll_seconds, cfg.sync_interval_minutes,
+                  "" if cfg.sync_enabled else "; VQG_SYNC_ENABLED=false: it only stamps this process's polls")
     return service
 
 
