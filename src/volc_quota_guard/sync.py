@@ -60,6 +60,7 @@ TIMELINE_READ_MS = 8 * 60 * MINUTE_MS
 # process has polled it and said what it saw, or Δ_assumed ends. A process that stops cleanly
 # takes its stamp with it; one that crashed keeps the next wipe held for Δ_assumed for a day.
 PEER_MEMORY_MS = 24 * 60 * MINUTE_MS
+STOPPED = "stopped:"  # a clean stop's stamp (a missing one may be a wipe's doing)
 REPORT_POLLS = 3  # ... and at least this many polls (+2 s): a process that started after the
 REPORT_SLACK_MS = 2_000  # last poll read its stamp, and whose stamp the wipe took, reports by then
 BILLING_EVENT = {"vqg_billing": True}  # marks 💸 and ⛔ lines: a finding about the pool, not a sync failure
@@ -304,15 +305,17 @@ class SyncService:
         gone = []
         for key, value in meta.items():
             owner = key.rpartition(":")[2]
-            at = _stamp(value)
+            stopped = value.startswith(STOPPED)
+            at = _stamp(value.removeprefix(STOPPED))
             if not key.startswith("seen:") or owner == self.owner or at is None:
                 continue
-            peers[owner] = max(peers.get(owner, 0), at)
+            if stopped:  # it stopped cleanly: nothing of it to wait for
+                peers.pop(owner, None)
+            else:
+                peers[owner] = max(peers.get(owner, 0), at)
             if began - at > PEER_MEMORY_MS:
                 gone += [k for k in meta if k.startswith(("seen:", "lost:")) and k.endswith(f":{owner}")]
-        kept = any(k == "last_at" or k.startswith("gen:") for k in meta)  # not wiped: complete
-        for owner in [o for o, at in peers.items() if began - at > PEER_MEMORY_MS
-                      or (kept and f"seen:{o}" not in meta)]:  # ... so a missing stamp: it stopped
+        for owner in [o for o, at in peers.items() if began - at > PEER_MEMORY_MS]:
             del peers[owner]
         self.records.write_sync_meta(account, {f"seen:{self.owner}": began if self.billing else -began})
         if gone:
@@ -328,7 +331,9 @@ class SyncService:
         seen = dict(self.peers.get(account, {}))
         for key, value in meta.items():
             at = _stamp(value)
-            if key.startswith("seen:") and at is not None:
+            if key.startswith("seen:") and value.startswith(STOPPED):
+                seen.pop(key[5:], None)
+            elif key.startswith("seen:") and at is not None:
                 seen[key[5:]] = max(seen.get(key[5:], 0), at)
         return frozenset(o for o, at in seen.items() if o != self.owner and now - at <= PEER_MEMORY_MS)
 
@@ -658,6 +663,6 @@ class SyncService:
             self._thread.join(timeout)
         for account in list(self.peers):  # a clean stop: the next wipe need not wait for us
             try:
-                self.records.drop_sync_meta(account, [f"seen:{self.owner}"])
+                self.records.write_sync_meta(account, {f"seen:{self.owner}": f"{STOPPED}{self.now_ms()}"})
             except StoreUnavailable:
                 pass

@@ -209,7 +209,7 @@ def test_a_lost_generation_waits_a_few_polls_and_not_for_a_process_that_stopped(
     gone.tick()
     w.idle("2026-08-20 13:21", svc)
     gone.stop()
-    assert f"seen:{gone.owner}" not in w.gate.records.sync_meta(ACCOUNT)
+    assert w.gate.records.sync_meta(ACCOUNT)[f"seen:{gone.owner}"].startswith("stopped:")
     w.run("2026-08-20 13:40", every_ms=MIN, tokens=5_000, svc=svc)
     _wipe(w)
     w.clock.advance(1_000)
