@@ -101,12 +101,12 @@ def _reports(meta: dict[str, str], pool: str, gen: int) -> list[int]:
 def _awaiting(meta: dict[str, str], pool: str, gen: int) -> bool:
     """Whether a process running when generation `gen` replaced a lost one has not polled it
     yet (its poll began after `gen` began); unknown (no record of who ran) counts as yes."""
-    at, _, who = meta.get(f"await:{pool}", "").partition(":")
-    if at != str(gen):
+    of, _, who = meta.get(f"await:{pool}", "").partition(":")
+    if of != str(gen):
         return True
-    polls = {owner: meta.get(f"seen:{owner}", "") for owner in who.split(",") if owner}
+    polls = [meta.get(f"seen:{owner}", "") for owner in who.split(",") if owner]
     # A hook-only process (`-<ms>`) never reports: waited for until Δ_assumed ends.
-    return any(not at.isdigit() or int(at) <= gen for at in polls.values())
+    return any(not poll.isdigit() or int(poll) <= gen for poll in polls)
 
 
 def _stamp(value: str) -> int | None:
