@@ -118,6 +118,11 @@ class LimitState:
     # The packages once lost more than A plus all we recorded: more ran unseen before the history
     # than A, or outside the proxy, and the floor's loss may be theirs (no floor hedge after).
     floor_overrun: bool = False
+    # F is at least this whatever the lag: a first start's first balance less A (what ran unseen
+    # took at most A, VQG_UNSEEN_DAY_TOKENS), moved with package changes like F, kept after the
+    # history is no longer young. None: no such bound (no A, a lost history, or the premise
+    # proven false: the packages lost more than A plus all we recorded, usage outside the proxy).
+    least_free_total: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -156,6 +161,7 @@ class LimitState:
             lost=bool(raw.get("lost")),
             settled_floor=optional_int(raw.get("settled_floor")),
             floor_overrun=bool(raw.get("floor_overrun", False)),
+            least_free_total=optional_int(raw.get("least_free_total")),
         )
 
 
@@ -273,14 +279,22 @@ def compute_limit(
     if state.generation != history_start_ms and (state.generation, history_start_ms) != (0, 1):
         # Estimates of another generation are in another generation's lifetime coordinates;
         # what was learned about the API's lag still holds.
+        room = max(0, balance)
+        least = None if lost or unseen_tokens <= 0 else balance - min(unseen_tokens, room)
         state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance,
-                           unseen_bound=unseen_tokens, unseen_room=max(0, balance), lost=lost)
+                           unseen_bound=unseen_tokens, unseen_room=room, lost=lost,
+                           least_free_total=least)
     elif lost:
         # Found lost later, or another process's report since: what it saw unsettled joins the
         # bound. (Only the first report used to: with the Δ_assumed hold gone, the creator's own
         # 72,360 stood where the other worker reported 84,420, and the pool billed 2,049.)
-        state = replace(state, lost=True, unseen_bound=max(state.unseen_bound, unseen_tokens)
-                        if state.unseen_ref is not None else state.unseen_bound)
+        raised = replace(state, unseen_bound=max(state.unseen_bound, unseen_tokens)) \
+            if state.unseen_ref is not None else state
+        # The settled floor began at minus the bound then: what a report adds may have settled
+        # before any of ours too.
+        more = raised.unseen_off - state.unseen_off
+        state = replace(raised, lost=True, least_free_total=None,
+                        settled_floor=None if raised.settled_floor is None else raised.settled_floor - more)
     before = dict(state.packages)
     previous = (before, state.gone, state.last_sync_ms)
     ran_dry = any(before.get(p.instance_no, 0) > 0 and p.available == 0 for p in packages)
@@ -291,6 +305,7 @@ def compute_limit(
     if state.billing_since_ms:
         notes.append("free quota is back: the estimates start afresh")
         state = replace(state, billing_since_ms=0, lowest_free_total=None, anchor_free_total=None,
+                        least_free_total=None,
                         upper_free_total=None)
 
     history_ms = now_ms - history_start_ms
@@ -306,7 +321,7 @@ def compute_limit(
     floor = settled_floor(state, *previous, packages, usage)
     chain = _floor_chain(state, *previous, packages)
     if chain is not None and chain > usage.lifetime_usage:
-        state = replace(state, floor_overrun=True)
+        state = replace(state, floor_overrun=True, least_free_total=None)
     unsure_now = usage.unsure_now
     seen = unsure_now == 0
     proven = floor is not None and floor >= usage.lifetime_usage
@@ -416,6 +431,12 @@ def compute_limit(
     if state.unseen_ref is not None:
         # Young: F = the first balance less what was unseen and unsettled then, whatever the lag.
         free_total = min(free_total, state.unseen_ref - state.unseen_off)
+    if external:
+        state = replace(state, least_free_total=None)
+    elif state.least_free_total is not None:
+        # ... and so it stays, once young: an estimate taken mid-burst undershoots F by the
+        # traffic between the true lag and Δ_assumed, the floor hedge by a second A.
+        free_total = max(free_total, state.least_free_total)
     # A free total below the balance: the balance still shows what may have run unseen, keep it
     # off. Not only while young: the young ceiling stays the lowest estimate after, and clamping
     # it at the balance there let a 777-min lag bill 18,202 (fuzz seed 729).
@@ -481,6 +502,11 @@ def _young_ends(state: LimitState, balance: int, usage: UsageView, now_ms: int,
     else:
         return state
     bound = state.unseen_ref - unseen_tokens
+    if settled > unseen_tokens:
+        # Proven: everything unseen settled and the lag is at most `at_most` (now in Δ_assumed),
+        # so from here on each estimate is a bound again: the ones seen while young are not kept.
+        return replace(state, unseen_ref=None, lowest_free_total=None, anchor_free_total=None,
+                       lags=lags)
     lowest = bound if state.lowest_free_total is None else min(state.lowest_free_total, bound)
     return replace(state, unseen_ref=None, lowest_free_total=lowest, anchor_free_total=None, lags=lags)
 
@@ -536,9 +562,10 @@ def settled_floor(state: LimitState, before: Mapping[str, int], gone: Sequence[s
 
 def _floor_chain(state: LimitState, before: Mapping[str, int], gone: Sequence[str],
                  previous_ms: int, packages: Sequence[PackageView]) -> int | None:
-    """The last floor raised by what the packages lost since (from −A), before the cap."""
+    """The last floor raised by what the packages lost since (from −min(A, first balance)), before
+    the cap."""
     if not previous_ms:
-        return -state.unseen_bound
+        return -state.unseen_off  # what ran unseen drew on the first balance at most
     if state.settled_floor is None:
         return None
     return state.settled_floor + _least_settled(before, gone, packages)
@@ -611,7 +638,7 @@ def _spent(now_ms: int, packages: Sequence[PackageView], usage: UsageView, state
     """The free quota is used up: a snapshot that admits nothing, and no lag observation."""
     started = not state.billing_since_ms
     state = replace(state, billing_since_ms=state.billing_since_ms or now_ms, last_sync_ms=now_ms,
-                    lowest_free_total=None, anchor_free_total=None)
+                    lowest_free_total=None, anchor_free_total=None, least_free_total=None)
     snapshot = Snapshot(balance=0, settled_usage=0, expiring=0, small_buffer=small_buffer,
                         daily_cap=daily_cap, valid_until_ms=now_ms + max_age_ms, evict_below=evict_below)
     lag = assumed_lag_ms(state, now_ms, 0)
@@ -641,7 +668,8 @@ def _follow_package_changes(state: LimitState, packages: Sequence[PackageView],
         return state
     if any(p.instance_no in state.gone for p in added):
         notes.append("a package came back after leaving the list: free-total estimates start afresh")
-        return replace(state, lowest_free_total=None, anchor_free_total=None, upper_free_total=None)
+        return replace(state, lowest_free_total=None, anchor_free_total=None, upper_free_total=None,
+                       least_free_total=None)
     delta = sum(p.size for p in added) - sum(before[i] for i in left)
     arrived = sum(p.size for p in added)  # an upper bound of F loses nothing to an expiry
     notes.append(f"packages changed (+{len(added)} / -{len(left)}): free total moves by {delta:+,}")
@@ -651,6 +679,7 @@ def _follow_package_changes(state: LimitState, packages: Sequence[PackageView],
 
     return replace(state, lowest_free_total=shift(state.lowest_free_total),
                    anchor_free_total=shift(state.anchor_free_total), unseen_ref=shift(state.unseen_ref),
+                   least_free_total=shift(state.least_free_total),
                    upper_free_total=None if state.upper_free_total is None
                    else state.upper_free_total + arrived)
 

@@ -397,6 +397,74 @@ def test_what_a_young_history_saw_does_not_outlive_it():
     assert done.state.unseen_ref is None and done.state.lowest_free_total <= 280_000
 
 
+def _timeline(start_ms: int, per_minute: dict[int, int]) -> tuple[tuple[int, int], ...]:
+    """{minutes after `start_ms`: tokens used in that minute} as a lifetime timeline."""
+    out, total = [], 0
+    for m in range(max(per_minute) + 1):
+        total += per_minute.get(m, 0)
+        out.append((start_ms // MIN + m, total))
+    return tuple(out)
+
+
+def test_a_first_start_keeps_its_first_balance_less_the_unseen_bound_as_a_floor():
+    """What ran unseen before a first start took at most A (VQG_UNSEEN_DAY_TOKENS), so the free
+    total is at least the first balance less A whatever the lag, and stays so after the history
+    is no longer young. A lowest estimate taken after a burst undershoots it (the traffic between
+    the true lag and Δ_assumed): 540,000 where the pool had 1,000,000 free and nothing ran
+    unseen; the floor keeps 800,000. Not for a lost history (its A holds only what processes
+    reported), nor once the packages lost more than A plus all we recorded."""
+    pool = [PackageView("p1", 1_000_000, None)]
+    first = young(pool, usage({1: 0}, lifetime=0))
+    assert first.state.least_free_total == 800_000 and first.free_total == 800_000
+    # 10,000 a minute for an hour, the API 5 min behind: at T+60 it has settled 550,000, more
+    # than A, 350,000 of ours (reached in the minute from T+34): young ends, Δ_assumed 26 min.
+    steady_hour = {m: 10_000 for m in range(60)}
+    view = UsageView(_timeline(T, steady_hour), 0, 600_000, 0)
+    ended = young([PackageView("p1", 450_000, None)], view, state=first.state, now=T + 60 * MIN)
+    assert ended.state.unseen_ref is None and ended.lag_assumed_ms == 26 * MIN
+    assert ended.state.lowest_free_total == 450_000 + 340_000  # its estimate: U(T+34) = 340,000
+    assert ended.free_total == 800_000
+    # A 300,000 burst at T+64; at T+70 the API (5 min behind) shows it: the estimate
+    # 100,000 + U(T+44) = 540,000 becomes the lowest, the floor holds 800,000.
+    burst = UsageView(_timeline(T, steady_hour | {64: 300_000}), 0, 900_000, 0)
+    after = young([PackageView("p1", 100_000, None)], burst, state=ended.state, now=T + 70 * MIN)
+    assert after.state.lowest_free_total == 540_000
+    assert after.free_total == 800_000 and after.unseen == 0
+    # A lost history: A is only what the processes reported (one that never did may have
+    # admitted more), so no floor; the lowest estimate decides.
+    lost = compute_limit(now_ms=T, packages=pool, usage=usage({1: 0}, lifetime=0), state=EMPTY,
+                         lag_floor_ms=FLOOR, small_buffer=50_000, daily_cap=2_000_000,
+                         max_age_ms=90 * MIN, evict_below=1_000, history_start_ms=T,
+                         unseen_tokens=200_000, lost=True)
+    assert lost.state.least_free_total is None
+    # The premise proven false (the packages lost more than A plus all we recorded): dropped.
+    over = young([PackageView("p1", 40_000, None)], burst,
+                 state=replace(after.state, settled_floor=850_000), now=T + 75 * MIN)
+    assert over.state.floor_overrun and over.state.least_free_total is None
+    assert over.free_total == 40_000 + 490_000  # the lowest estimate: U(T+49) = 490,000
+    assert LimitState.from_json(after.state.to_json()).least_free_total == 800_000
+
+
+def test_the_settled_floor_starts_below_what_may_have_run_unseen_and_follows_later_reports():
+    """The settled floor starts at minus what may have run unseen (at most the first balance: a
+    free balance stops at 0). A lost history's bound grows with each process's report; what a
+    report adds may have settled before any of ours, so the floor goes down with it (else the
+    day's count and the anchor's margin would trust as ours what another process ran)."""
+    def lost(packages, state, now, unseen):
+        return compute_limit(now_ms=now, packages=packages, usage=usage({1: 0}, lifetime=0),
+                             state=state, lag_floor_ms=FLOOR, small_buffer=50_000,
+                             daily_cap=2_000_000, max_age_ms=90 * MIN, evict_below=1_000,
+                             history_start_ms=T, unseen_tokens=unseen, lost=True)
+    small = young([PackageView("p1", 120_000, None)], usage({1: 0}, lifetime=0))
+    assert small.state.settled_floor == -120_000  # not −200,000: only 120,000 was there to draw on
+    first = lost([PackageView("p1", 1_000_000, None)], EMPTY, T, 70_000)
+    assert first.state.settled_floor == -70_000
+    # Another process reports 200,000 unsettled; the packages lost 30,000 since.
+    later = lost([PackageView("p1", 970_000, None)], first.state, T + MIN, 200_000)
+    assert later.state.unseen_bound == 200_000
+    assert later.state.settled_floor == -200_000 + 30_000
+
+
 def test_the_floor_frees_what_a_lowest_estimate_taken_mid_burst_keeps_off():
     """The lowest estimate (1,950,000) was taken while a burst the API had already settled was
     still inside Δ_assumed, and it holds while the package set does not change. This sync's
