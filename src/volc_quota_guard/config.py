@@ -60,8 +60,8 @@ class Settings(BaseSettings):
         default=200_000, ge=0, le=1_000_000_000,
         description="Usage the guard assumes ran unseen before a pool's history began (a first start, "
                     "lost state): the daily cap is lowered by this until Beijing midnight (when the "
-                    "history begins after it), and the balance wall until the balance API has settled "
-                    "more than this since; 0 = the account was idle.")
+                    "history begins after it), and the balance wall by this less what truly ran "
+                    "unseen for the life of the history; 0 = the account was idle.")
     reservation_ttl_seconds: int = Field(
         default=900, ge=10, le=86_400,
         description="After this, an unsettled reservation counts as consumed.")

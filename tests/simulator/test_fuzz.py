@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from backend import TEST_REDIS_URL
+from volc_quota_guard.config import Settings
 from volc_quota_guard.simulator import parse_scenario
+from volc_quota_guard.simulator.engine import guard_settings
 from volc_quota_guard.simulator.fuzz import KNOWING, knowing, run_fuzz, run_seed, scenario_dict, scenario_yaml
 
 # CI (real Redis) runs 120 seeds, about 130 s of the suite's 2 cores (CI's whole run must stay under
@@ -115,6 +117,10 @@ def test_knowing_gives_the_guard_what_it_learns_only_after_the_fact() -> None:
     assert scenario_yaml(seed) == before
     assert s.settlement_lag_minutes == 0 and not s.lag_changes and s.small_buffer == 0
     assert s.model_reasoning_tokens == 0
+    prior = scenario_dict(seed).get("prior_usage")
+    assert s.unseen_day_tokens == (prior["tokens"] if isinstance(prior, dict) else 0)
+    assert guard_settings(s).unseen_day_tokens == s.unseen_day_tokens
+    assert guard_settings(parse_scenario(before)).unseen_day_tokens == Settings().unseen_day_tokens
     for line in s.traffic:
         assert line.usage is None and line.reasoning == 0 and line.max_tokens == max(1, line.completion)
         assert line.counting == "exact" and line.estimate_ratio == 1.0
@@ -124,9 +130,16 @@ def test_knowing_gives_the_guard_what_it_learns_only_after_the_fact() -> None:
     plain, known = run_seed(seed, TEST_REDIS_URL), run_seed(seed, TEST_REDIS_URL, know=["usage"])
     assert not plain.failed and not known.failed
     assert (known.served_tokens, known.refused_while_free) != (plain.served_tokens, plain.refused_while_free)
+    # Seed 1: a 462,865 pool, nothing ran before the first start; told so, the guard keeps no
+    # unseen bound off its walls (after a hold of Δ_assumed) and serves more, still billing 0.
+    assert "prior_usage" not in scenario_dict(1)
+    plain, known = run_seed(1, TEST_REDIS_URL), run_seed(1, TEST_REDIS_URL, know=["unseen"])
+    assert not plain.failed and not known.failed
+    assert known.served_tokens > plain.served_tokens
     script = Path(__file__).parents[2] / "scripts" / "fuzz_scenarios.py"
     bad = subprocess.run([sys.executable, str(script), "--knowing", "guess"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "choose from ['buffer', 'counts', 'lag', 'outputs', 'usage']" in bad.stderr
+    assert bad.returncode == 2
+    assert "choose from ['buffer', 'counts', 'lag', 'outputs', 'unseen', 'usage']" in bad.stderr
 
 
 def test_a_seed_that_cannot_run_is_a_failure_with_its_reason() -> None:

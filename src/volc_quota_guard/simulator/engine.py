@@ -59,12 +59,12 @@ class _ScenarioSettings(Settings):
 
 def guard_settings(scenario: Scenario, *, from_env: bool = False) -> Settings:
     """The guard's settings for a run: production defaults (or VQG_* with `from_env`), with the
-    scenario's SMALL_BUFFER, daily cap and sync interval."""
-    if from_env:
-        return load_settings(small_buffer=scenario.small_buffer, daily_cap=scenario.daily_cap,
-                             sync_interval_minutes=scenario.sync_interval_minutes)
-    return _ScenarioSettings(small_buffer=scenario.small_buffer, daily_cap=scenario.daily_cap,
-                             sync_interval_minutes=scenario.sync_interval_minutes)
+    scenario's SMALL_BUFFER, daily cap and sync interval (and unseen bound, where it sets one)."""
+    own: dict[str, Any] = {"small_buffer": scenario.small_buffer, "daily_cap": scenario.daily_cap,
+                           "sync_interval_minutes": scenario.sync_interval_minutes}
+    if scenario.unseen_day_tokens is not None:
+        own["unseen_day_tokens"] = scenario.unseen_day_tokens
+    return load_settings(**own) if from_env else _ScenarioSettings(**own)
 
 
 @dataclass

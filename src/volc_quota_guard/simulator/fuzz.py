@@ -532,6 +532,7 @@ KNOWING = {
     "counts": "every prompt is counted exactly",
     "lag": "the balance API is current (lag 0, no incidents)",
     "buffer": "SMALL_BUFFER is 0",
+    "unseen": "VQG_UNSEEN_DAY_TOKENS is what truly ran unseen before the first start (0 if nothing)",
 }
 
 
@@ -557,6 +558,9 @@ def knowing(scenario: dict[str, object], what: Iterable[str]) -> dict[str, objec
         out.pop("lag_changes", None)
     if "buffer" in what:
         out["small_buffer"] = 0
+    if "unseen" in what:
+        prior = scenario.get("prior_usage")
+        out["unseen_day_tokens"] = prior["tokens"] if isinstance(prior, dict) else 0
     return out
 
 

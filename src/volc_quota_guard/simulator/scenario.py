@@ -213,6 +213,9 @@ class Scenario(_Strict):
     # their end, never settled and no longer renewed; a new process serves what comes after.
     crash_at: TimeOfDay | None = None
     lag_changes: list[LagChange] = Field(default_factory=list)  # the API's lag moves mid-run
+    # The guard's VQG_UNSEEN_DAY_TOKENS (None: its default): what the operator says may have run
+    # unseen before a first start.
+    unseen_day_tokens: Tokens | None = None
 
     @model_validator(mode="after")
     def _lines_fit_the_run(self) -> Scenario:
