@@ -279,11 +279,10 @@ def compute_limit(
     if state.generation != history_start_ms and (state.generation, history_start_ms) != (0, 1):
         # Estimates of another generation are in another generation's lifetime coordinates;
         # what was learned about the API's lag still holds.
-        room = max(0, balance)
-        least = None if lost or unseen_tokens <= 0 else balance - min(unseen_tokens, room)
         state = LimitState(lags=state.lags, generation=history_start_ms, unseen_ref=balance,
-                           unseen_bound=unseen_tokens, unseen_room=room, lost=lost,
-                           least_free_total=least)
+                           unseen_bound=unseen_tokens, unseen_room=max(0, balance), lost=lost)
+        if not lost and unseen_tokens > 0:
+            state = replace(state, least_free_total=balance - state.unseen_off)
     elif lost:
         # Found lost later, or another process's report since: what it saw unsettled joins the
         # bound. (Only the first report used to: with the Δ_assumed hold gone, the creator's own
@@ -305,8 +304,7 @@ def compute_limit(
     if state.billing_since_ms:
         notes.append("free quota is back: the estimates start afresh")
         state = replace(state, billing_since_ms=0, lowest_free_total=None, anchor_free_total=None,
-                        least_free_total=None,
-                        upper_free_total=None)
+                        least_free_total=None, upper_free_total=None)
 
     history_ms = now_ms - history_start_ms
     state = _young_ends(state, balance, usage, now_ms, history_start_ms, lag_floor_ms, notes)

@@ -299,11 +299,12 @@ def test_a_package_run_dry_means_billing_an_expired_one_does_not():
     assert not expired.billing
 
 
-def young(packages, view, state=EMPTY, now=T, hist=T, unseen=200_000):
-    """A limit on a history that began at `hist` (a first start), the operator's unseen bound on."""
+def young(packages, view, state=EMPTY, now=T, hist=T, unseen=200_000, lost=False):
+    """A limit on a history that began at `hist` (a first start, or `lost` state), the unseen
+    bound on."""
     return compute_limit(now_ms=now, packages=packages, usage=view, state=state, lag_floor_ms=FLOOR,
                          small_buffer=50_000, daily_cap=2_000_000, max_age_ms=90 * MIN,
-                         evict_below=1_000, history_start_ms=hist, unseen_tokens=unseen)
+                         evict_below=1_000, history_start_ms=hist, unseen_tokens=unseen, lost=lost)
 
 
 def test_a_young_history_keeps_unseen_usage_off_the_wall_until_the_api_settles_past_it():
@@ -432,10 +433,7 @@ def test_a_first_start_keeps_its_first_balance_less_the_unseen_bound_as_a_floor(
     assert after.free_total == 800_000 and after.unseen == 0
     # A lost history: A is only what the processes reported (one that never did may have
     # admitted more), so no floor; the lowest estimate decides.
-    lost = compute_limit(now_ms=T, packages=pool, usage=usage({1: 0}, lifetime=0), state=EMPTY,
-                         lag_floor_ms=FLOOR, small_buffer=50_000, daily_cap=2_000_000,
-                         max_age_ms=90 * MIN, evict_below=1_000, history_start_ms=T,
-                         unseen_tokens=200_000, lost=True)
+    lost = young(pool, usage({1: 0}, lifetime=0), lost=True)
     assert lost.state.least_free_total is None
     # The premise proven false (the packages lost more than A plus all we recorded): dropped.
     over = young([PackageView("p1", 40_000, None)], burst,
@@ -450,17 +448,13 @@ def test_the_settled_floor_starts_below_what_may_have_run_unseen_and_follows_lat
     free balance stops at 0). A lost history's bound grows with each process's report; what a
     report adds may have settled before any of ours, so the floor goes down with it (else the
     day's count and the anchor's margin would trust as ours what another process ran)."""
-    def lost(packages, state, now, unseen):
-        return compute_limit(now_ms=now, packages=packages, usage=usage({1: 0}, lifetime=0),
-                             state=state, lag_floor_ms=FLOOR, small_buffer=50_000,
-                             daily_cap=2_000_000, max_age_ms=90 * MIN, evict_below=1_000,
-                             history_start_ms=T, unseen_tokens=unseen, lost=True)
     small = young([PackageView("p1", 120_000, None)], usage({1: 0}, lifetime=0))
     assert small.state.settled_floor == -120_000  # not −200,000: only 120,000 was there to draw on
-    first = lost([PackageView("p1", 1_000_000, None)], EMPTY, T, 70_000)
+    nothing = usage({1: 0}, lifetime=0)
+    first = young([PackageView("p1", 1_000_000, None)], nothing, unseen=70_000, lost=True)
     assert first.state.settled_floor == -70_000
     # Another process reports 200,000 unsettled; the packages lost 30,000 since.
-    later = lost([PackageView("p1", 970_000, None)], first.state, T + MIN, 200_000)
+    later = young([PackageView("p1", 970_000, None)], nothing, state=first.state, now=T + MIN, lost=True)
     assert later.state.unseen_bound == 200_000
     assert later.state.settled_floor == -200_000 + 30_000
 
