@@ -20,6 +20,7 @@ A billable field the guard cannot bound is an `InvalidRequest` (HTTP 400 naming 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -339,6 +340,35 @@ def validate(params: Mapping[str, Any], route: Route) -> None:
     _check(upstream_view(params), params, route)
 
 
+def _has_non_finite(obj: object) -> bool:
+    """Whether a NaN or an infinity is anywhere in `obj` (containers walked, strings skipped)."""
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return True
+        elif isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+    return False
+
+
+def _non_finite_path(obj: object, path: str) -> str:
+    """Where the first NaN or infinity of `obj` is, as a field path (only on a refusal)."""
+    if isinstance(obj, Mapping):
+        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return path
+    for where, value in items:
+        if _has_non_finite(value):
+            return _non_finite_path(value, where)
+    return path
+
+
 def _header_names(headers: object, field: str) -> list[object]:
     """The header names of a client's `headers` / `extra_headers` value; a shape the guard cannot
     read (that httpx might still send) is refused."""
@@ -353,6 +383,10 @@ def _header_names(headers: object, field: str) -> list[object]:
 
 
 def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> None:
+    if _has_non_finite(view):  # JSON has no NaN: LiteLLM fails to send the call after the reserve
+        # (a 500 the guard must keep as maybe-sent, and the router retries it: red-team, stop 44)
+        raise InvalidRequest(_non_finite_path(view, ""), f"{_non_finite_path(view, '')}: NaN and "
+                                                         "Infinity are not JSON numbers; send a finite value")
     for key in view:  # Ark's fields are lowercase; a decoder matching names regardless of case
         # (Go's encoding/json) would read `N` as n, or a second `Max_Completion_Tokens` over the
         # pinned cap, unsized (red-team, stop 38)
@@ -589,6 +623,11 @@ def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
             raise InvalidRequest(field, f"{field} needs a string 'type'")
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):  # type: ignore[union-attr]
             texts.append(part["text"])  # type: ignore[index]
+            # Its other keys reach Ark too (a 30,000-word `refusal` beside "hi": 46 reserved,
+            # 92,579 billed; red-team, stop 44)
+            residue = _residue(part, ("type", "text"))  # type: ignore[arg-type]
+            if residue:
+                texts.append(residue)
         elif kind in _IMAGE_PARTS:
             try:
                 tokens += media.image_tokens(part)  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ POOL = ("acct-c/rt1-resp-260101", 60_000)
 OTHER = ("acct-c/rt1-other-260101", 60_000)
 IMAGES = ("acct-c/rt1-img-260101", 300_000)
 PNGS = ("acct-c/rt1-png-260101", 400_000)  # its own pool: the image tests above end near a wall
+PARTS = ("acct-c/rt1-parts-260101", 60_000)
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 
 
@@ -30,9 +31,10 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 def px(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
        prefix: str) -> Iterator[Proxy]:
     p = start_syncing_proxy(tmp_path_factory.mktemp("rt1"), fake, store_url, prefix,
-                            dict([POOL, OTHER, IMAGES, PNGS]),
+                            dict([POOL, OTHER, IMAGES, PNGS, PARTS]),
                             [ark_deployment("rt1-resp", POOL[0]), ark_deployment("rt1-other", OTHER[0]),
-                             ark_deployment("rt1-img", IMAGES[0]), ark_deployment("rt1-png", PNGS[0])],
+                             ark_deployment("rt1-img", IMAGES[0]), ark_deployment("rt1-png", PNGS[0]),
+                             ark_deployment("rt1-parts", PARTS[0])],
                             VQG_SMALL_BUFFER="10000", VQG_EVICT_BELOW="500")
     yield p
     stop_proxy(p)
@@ -243,3 +245,42 @@ def test_n_choices_reserve_the_prompt_n_times(px: Proxy) -> None:
     assert used >= 16 * 600
     line = px.wait_for_log(rf"\[Usage\].*call={r.headers.get('x-litellm-call-id', '')}")[-1]
     assert int(re.search(r"reserved=(\d+)", line).group(1)) >= used, line  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", lambda extra: {"max_tokens": 20, "thinking": {"type": "disabled"},
+                                            "messages": [{"role": "user", "content": [
+                                                {"type": "text", "text": "hi [[fake completion=5]]",
+                                                 **extra}]}]}),
+    ("/v1/responses", lambda extra: {"max_output_tokens": 20, "input": [
+        {"role": "user", "content": "hi [[fake completion=5]]"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "ok", **extra}]}]}),
+], ids=["chat-text", "responses-output-text"])
+def test_the_other_keys_of_a_text_part_are_reserved(px: Proxy, path: str, body: Any) -> None:
+    """A text part's keys beside its text reach Ark (the fake bills them as text: a 30,000-word
+    `refusal` beside "hi" was 46 reserved, 92,579 consumed, 52,579 billed; red-team, stop 44)."""
+    words = " ".join(f"q{i}" for i in range(30_000))  # more than the pool holds
+    for key in ("refusal", "annotations", "note"):
+        r = post(px, path, {"model": "rt1-parts", **body({key: words})})
+        assert r.status_code in (200, 429), r.text[:300]
+    assert px.fake.pool_totals(PARTS[0]).billed == 0
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ('{"model":"rt1-other","max_tokens":5,"messages":[{"role":"user","content":"hi"}],'
+     '"temperature":NaN}', "temperature"),
+    ('{"model":"rt1-other","max_tokens":5,"messages":[{"role":"user","content":"hi",'
+     '"x":[1,-Infinity]}]}', "messages[0].x[1]"),
+    ('{"model":"rt1-other","max_tokens":5,"messages":[{"role":"user","content":"hi"}],'
+     '"extra_body":{"top_p":Infinity}}', "top_p"),
+], ids=["top-level", "in-a-message", "extra-body"])
+def test_a_number_json_cannot_carry_is_a_400_naming_it(px: Proxy, body: str, field: str) -> None:
+    """NaN / Infinity parse, but LiteLLM cannot send them: the call failed after the reserve as a
+    500 the guard kept as maybe-sent (8,221 held per attempt, the router retrying it)."""
+    before = len(px.fake.upstream_requests())
+    r = httpx.post(f"{px.url}/v1/chat/completions", content=body, timeout=60,
+                   headers={"Authorization": f"Bearer {MASTER_KEY}", "Content-Type": "application/json",
+                            "x-litellm-call-id": call_id()})
+    assert r.status_code == 400 and field in r.text, (r.status_code, r.text[:300])
+    assert px.fake.upstream_requests()[before:] == []
+    assert not px.state(OTHER[0]).get("inflight")

@@ -3,7 +3,8 @@
 Hypothesis draws bodies a client could send — `extra_body` overrides, `n`, thinking switches,
 every cap field (good and bad), streams, images and video parts, Responses chains, embeddings,
 comma fan-outs, text cl100k merges and others split, thousands of empty text parts, a long
-message key, Responses items that are not messages, `background` runs — one at a time. For
+message key, a text part's keys beside its text, NaN / Infinity, Responses items that are not
+messages, `background` runs — one at a time. For
 each, Ark's ledger must show at most what the guard reserved for that call (the `reserved=` of
 its Usage line; nothing at all when the guard refused), and no answer may be a 5xx. Four pools
 take the traffic: a large one, and three small ones that reach their walls (a model of unknown
@@ -14,6 +15,7 @@ tokenizer, a Doubao one, a DeepSeek one), where the fake's `billed` must stay 0.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import struct
@@ -85,16 +87,22 @@ faults = st.sampled_from([None] * 11 + [("max_tokens", 0), ("max_completion_toke
                                        ("assistant_continue_message", {"role": "assistant",
                                                                        "content": "more " * 3_000}),
                                        ("litellm_system_prompt", "system " * 3_000),
-                                       ("prompt_id", "not-in-the-registry")])
+                                       ("prompt_id", "not-in-the-registry"),
+                                       # JSON has no such numbers: LiteLLM cannot send them
+                                       ("temperature", float("nan")), ("top_p", float("inf"))])
+# Keys of a text part beside its text: Ark may read them as text (the fake does).
+part_extras = st.one_of(st.just({}), st.just({}), st.builds(
+    lambda key, text: {key: text}, st.sampled_from(["refusal", "annotations", "cache_control"]), texts))
 
 
 @st.composite
 def chat_body(draw: st.DrawFn) -> dict[str, Any]:
-    parts: list[Any] = [{"type": "text", "text": draw(texts) + draw(directives)}]
+    parts: list[Any] = [{"type": "text", "text": draw(texts) + draw(directives), **draw(part_extras)}]
     parts += [{"type": "text", "text": ""}] * draw(st.sampled_from([0, 0, 0, 2_000]))  # joints bill
     fault = draw(faults)
     parts += draw(st.lists(images, max_size=2)) + ([draw(video)] if fault == ("video", None) else [])
-    content: Any = parts[0]["text"] if len(parts) == 1 and draw(st.booleans()) else parts
+    content: Any = parts[0]["text"] if len(parts) == 1 and len(parts[0]) == 2 and draw(st.booleans()) \
+        else parts
     message: dict[str, Any] = {"role": "user", "content": content}
     if draw(st.integers(0, 7)) == 0:  # a field Ark reads as JSON, its key included
         message["x" * 2_000] = "y"
@@ -128,7 +136,10 @@ def chat_body(draw: st.DrawFn) -> dict[str, Any]:
 def responses_body(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {"input": draw(texts) + draw(directives)}
     odd = draw(st.sampled_from([None] * 6 + [{"type": "input_text", "text": "bare " * 500},
-                                             {"type": "note", "content": "", "detail": "z" * 3_000}]))
+                                             {"type": "note", "content": "", "detail": "z" * 3_000},
+                                             {"role": "assistant", "content": [{
+                                                 "type": "output_text", "text": "ok",
+                                                 "refusal": "r " * 3_000}]}]))
     if odd is not None:  # an input item that is not a message: Ark may read its whole JSON
         body["input"] = [{"role": "user", "content": body["input"]}, odd]
     if draw(st.booleans()):
@@ -172,8 +183,11 @@ class Run:
 
 
 def send(proxy: Proxy, path: str, body: dict[str, Any], cid: str) -> tuple[int, str]:
-    headers = {"Authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid}
-    with httpx.stream("POST", f"{proxy.url}{path}", json=body, headers=headers, timeout=120) as r:
+    headers = {"Authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid,
+               "Content-Type": "application/json"}
+    # json.dumps, not httpx's encoder: it writes NaN and Infinity as a client's JSON library may
+    with httpx.stream("POST", f"{proxy.url}{path}", content=json.dumps(body), headers=headers,
+                      timeout=120) as r:
         text = r.read().decode(errors="replace")
         return r.status_code, text
 

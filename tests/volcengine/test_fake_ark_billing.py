@@ -253,6 +253,13 @@ def test_legacy_functions_tool_choice_and_message_names_are_billed(fake: FakeVol
             {"role": "user", "content": "hi [[fake completion=1]]"}]
     without = usage_of(post(fake, bare))["prompt_tokens"]
     assert usage_of(post(fake, turn))["prompt_tokens"] > without + 2 * 40 * 7
+    # A text part's keys beside its text are billed as text too (the dearer reading; red-team,
+    # stop 44: the guard reserved only the text).
+    part = {"type": "text", "text": "hi [[fake completion=1]]"}
+    alone = usage_of(post(fake, [{"role": "user", "content": [part]}]))["prompt_tokens"]
+    for extra in ({"refusal": long}, {"note": long}, {"annotations": [long]}):
+        billed = usage_of(post(fake, [{"role": "user", "content": [{**part, **extra}]}]))["prompt_tokens"]
+        assert billed > alone + 40 * 7, extra
 
 
 def test_unknown_fields_such_as_merged_extra_body_keys_are_accepted(

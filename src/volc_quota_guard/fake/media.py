@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import struct
 from typing import Any
@@ -31,8 +32,11 @@ TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal"})
 
 
 def part_text(part: dict[str, Any]) -> str:
-    """A text part's text: a refusal part carries it under ``refusal`` (billed as text too)."""
-    return "\n".join(str(part[k]) for k in ("text", "refusal") if part.get(k) is not None)
+    """A text part's text, and every other field but its type as text too (a refusal part
+    carries its text under ``refusal``; whether Ark reads other keys of a part is unknown, so
+    the fake takes the dearer reading): strings as they are, other values as JSON."""
+    return "\n".join(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
+                     for k, v in part.items() if k != "type" and v is not None)
 
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
