@@ -34,6 +34,7 @@ from .errors import BillingAuthError, BillingError, GateError, QuotaGuardError, 
 from .gate import PPM, Decision, Gate, PoolState
 from .limit import (
     QUIET_MS,
+    UNSEEN_SETTLED_MS,
     YOUNG_MS,
     LimitResult,
     LimitState,
@@ -122,7 +123,8 @@ def _start_text(history_start: int, held_until: int, young: int) -> str:
                 f"show the last {-(-(held_until - history_start) // MINUTE_MS)} min of usage yet")
     if young:
         return (f"; the balance wall keeps {young:,} tokens off until the API shows that much "
-                f"settled (a ceiling for at most {YOUNG_MS // 3_600_000} h; quiet anchors keep it off after)")
+                f"settled (a ceiling for at most {YOUNG_MS // 3_600_000} h, the lowest estimate after; "
+                f"no quiet stretch takes the balance as exact before {UNSEEN_SETTLED_MS // 3_600_000} h)")
     return ""
 
 

@@ -14,6 +14,7 @@ from volc_quota_guard.config import Settings
 from volc_quota_guard.simulator import parse_scenario
 from volc_quota_guard.simulator.engine import guard_settings
 from volc_quota_guard.simulator.fuzz import KNOWING, knowing, run_fuzz, run_seed, scenario_dict, scenario_yaml
+from volc_quota_guard.simulator.scenario import arrivals
 
 # CI (real Redis) runs 120 seeds, about 130 s of the suite's 2 cores (CI's whole run must stay under
 # 15 minutes); the embedded store is ~2.4x slower, so a Redis-less run takes 50. Wider runs:
@@ -31,14 +32,15 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     reports usage for), and first starts after more unseen usage than SMALL_BUFFER under a lag
     longer than the floor, and wipes seconds after a burst the last poll did not see, and calls
     the proxy gives up on before midnight while Ark runs them on, and lag incidents of hours
-    beginning minutes after a busy stretch stops, and long calls running when a package expires."""
+    beginning minutes after a busy stretch stops, and long calls running when a package expires,
+    and first starts after unseen usage under a lag of 8-24 hours with 8 quiet hours first."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
             "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
             "missing_wave": 0, "ark_api": 0, "ark_api_wave": 0, "long_lag": 0, "lag_incident": 0,
             "busy_first_start": 0, "unreported_under_lag": 0, "burst_before_wipe": 0, "crash": 0,
-            "given_up": 0, "incident_after_stop": 0, "calls_past_expiry": 0}
+            "given_up": 0, "incident_after_stop": 0, "calls_past_expiry": 0, "quiet_first_start": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
@@ -59,6 +61,8 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
         seen["prior_usage"] += s.prior_usage is not None
         seen["busy_first_start"] += s.prior_usage is not None and s.prior_usage.tokens > 60_000 \
             and s.settlement_lag_minutes > 20
+        seen["quiet_first_start"] += s.prior_usage is not None and s.settlement_lag_minutes >= 480 \
+            and min(a.at_ms for a in arrivals(s)) - s.start_ms >= 8 * 3_600_000
         seen["wipe"] += s.wipe_at is not None
         seen["crash"] += s.crash_at is not None
         seen["burst_before_wipe"] += s.wipe_at is not None and s.wipe_at % 60_000 > 0 and any(

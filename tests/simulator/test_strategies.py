@@ -20,6 +20,7 @@ start: 2026-08-13T00:00:00+08:00
 days: 1
 settlement_lag_minutes: 14
 sync_interval_minutes: 10
+unseen_day_tokens: 0  # the account was idle before: these tests are not about a first start
 packages:
   - {amount: 300000, acquired: 2026-08-01T09:00:00+08:00}
 traffic:

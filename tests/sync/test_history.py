@@ -45,7 +45,8 @@ def test_a_first_start_on_a_busy_account_keeps_the_unseen_bound_off_and_bills_no
     assert ("🕒 [COLD-START] acct-a/deepseek-v4-flash-ga-260731: the guard's history of this pool "
             "begins now; 200,000 tokens assumed used unseen are off today's cap until Beijing "
             "midnight; the balance wall keeps 200,000 tokens off until the API shows that much "
-            "settled (a ceiling for at most 8 h; quiet anchors keep it off after)") in caplog.text
+            "settled (a ceiling for at most 8 h, the lowest estimate after; no quiet stretch takes "
+            "the balance as exact before 25 h)") in caplog.text
     assert caplog.text.count("[COLD-START]") == 1
     st = w.gate.status(POOL)
     assert st.get("hold_until") == 0

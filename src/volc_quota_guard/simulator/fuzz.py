@@ -134,6 +134,7 @@ def scenario_dict(seed: int) -> dict[str, object]:
     _incident_after_stop(seed, out)
     _calls_past_expiry(seed, out)
     _unreported_then_a_longer_lag(seed, out)
+    _quiet_first_start_under_a_day_lag(seed, out, start)
     return out
 
 
@@ -161,6 +162,42 @@ def _busy_first_start(seed: int, scenario: dict[str, object], start: datetime) -
         "every_seconds": round(span * 60 * concurrency / requests, 1), "concurrency": concurrency,
         "prompt": size * 4 // 5, "completion": size // 5, "estimate_ratio": round(rng.uniform(0.8, 1.2), 2),
         "duration_seconds": rng.choice([5, 20, 60])})
+
+
+def _quiet_first_start_under_a_day_lag(seed: int, scenario: dict[str, object], start: datetime) -> None:
+    """A first start right after usage the guard never saw, under a constant lag of 8-24 hours,
+    then 8-12 hours with no traffic of ours and traffic that would spend the pool 1-2 times over,
+    from a generator of its own (stop 44): the quiet outlives the young ceiling while what ran
+    unseen is still unsettled (fuzz seed 1119 anchored on such a balance and billed 27,921)."""
+    rng = _in_fifteen_percent(f"quiet-first-start-{seed}")
+    # Usage before the start stays on the start's Beijing day (as `_history` draws it)
+    if rng is None or "lag_changes" in scenario or start.hour == 0:
+        return
+    packages: list[dict[str, object]] = scenario["packages"]  # type: ignore[assignment]
+    free = sum(int(str(p["amount"])) for p in packages
+               if start - timedelta(days=30) < datetime.fromisoformat(str(p["acquired"])) <= start)
+    room = min(180_000, int(str(scenario["daily_cap"])) // 2, int(free * 0.9))
+    if room < 60_000:
+        return
+    scenario["prior_usage"] = {"tokens": rng.randint(60_000, room), "minutes": rng.choice([1, 10, 30])}
+    scenario["settlement_lag_minutes"] = rng.randint(8 * 60, MAX_LAG_MINUTES)
+    traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
+    counts = _pool_counting(traffic)
+    begin = start.hour * 60 + rng.randint(8 * 60 + 10, 12 * 60)
+    day = 1 + begin // (24 * 60)
+    begin %= 24 * 60
+    span = rng.randint(30, min(120, 24 * 60 - 1 - begin))
+    if span < 30:
+        return
+    # The quiet must be quiet: the lines of the first hours go.
+    traffic[:] = [line for line in traffic if line.get("day") == 2 and day == 1]
+    requests, concurrency = rng.randint(60, 200), rng.choice([1, 2, 4])
+    size = max(500, int(free * rng.uniform(1.0, 2.0) / requests))
+    traffic.append({"from": _hhmm(begin), "to": _hhmm(begin + span), "day": day,
+                    "every_seconds": round(span * 60 * concurrency / requests, 1),
+                    "concurrency": concurrency, "prompt": size * 4 // 5, "completion": size // 5,
+                    "max_tokens": size // 5 + 100, "duration_seconds": rng.choice([5, 20]), **counts})
+    scenario["days"] = max(day, int(str(scenario["days"])))
 
 
 def _burst_before_wipe(seed: int, scenario: dict[str, object]) -> None:
