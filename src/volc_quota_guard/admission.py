@@ -655,7 +655,7 @@ def _parts(content: object, where: str, limits: Limits) -> tuple[str, int]:
 
 def _residue(part: Mapping[str, Any], known: tuple[str, ...]) -> str:
     rest = {k: v for k, v in part.items() if k not in known}
-    return json.dumps(rest, ensure_ascii=False) if rest else ""
+    return json.dumps(rest, ensure_ascii=False, default=str) if rest else ""
 
 
 def _text_field(name: str, value: object, limits: Limits) -> int:
