@@ -385,8 +385,8 @@ def _header_names(headers: object, field: str) -> list[object]:
 def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> None:
     if _has_non_finite(view):  # JSON has no NaN: LiteLLM fails to send the call after the reserve
         # (a 500 the guard must keep as maybe-sent, and the router retries it: red-team, stop 44)
-        raise InvalidRequest(_non_finite_path(view, ""), f"{_non_finite_path(view, '')}: NaN and "
-                                                         "Infinity are not JSON numbers; send a finite value")
+        where = _non_finite_path(view, "")
+        raise InvalidRequest(where, f"{where}: NaN and Infinity are not JSON numbers; send a finite value")
     for key in view:  # Ark's fields are lowercase; a decoder matching names regardless of case
         # (Go's encoding/json) would read `N` as n, or a second `Max_Completion_Tokens` over the
         # pinned cap, unsized (red-team, stop 38)
