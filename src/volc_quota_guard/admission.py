@@ -337,7 +337,13 @@ def validate(params: Mapping[str, Any], route: Route) -> None:
                 raise InvalidRequest(f"{name}.{key}", f"{name}.{key:.40}: a request may not "
                                                       "send its own Ark credentials to a guarded "
                                                       "deployment; it is refused")
-    _check(upstream_view(params), params, route)
+    view = upstream_view(params)
+    # Only the client's body can hold one (the sizing's own `_check` need not walk it again).
+    if _has_non_finite(view):  # JSON has no NaN: LiteLLM fails to send the call after the reserve
+        # (a 500 the guard must keep as maybe-sent, and the router retries it: red-team, stop 44)
+        where = _non_finite_path(view, "")
+        raise InvalidRequest(where, f"{where}: NaN and Infinity are not JSON numbers; send a finite value")
+    _check(view, params, route)
 
 
 def _has_non_finite(obj: object) -> bool:
@@ -383,10 +389,6 @@ def _header_names(headers: object, field: str) -> list[object]:
 
 
 def _check(view: Mapping[str, Any], params: Mapping[str, Any], route: Route) -> None:
-    if _has_non_finite(view):  # JSON has no NaN: LiteLLM fails to send the call after the reserve
-        # (a 500 the guard must keep as maybe-sent, and the router retries it: red-team, stop 44)
-        where = _non_finite_path(view, "")
-        raise InvalidRequest(where, f"{where}: NaN and Infinity are not JSON numbers; send a finite value")
     for key in view:  # Ark's fields are lowercase; a decoder matching names regardless of case
         # (Go's encoding/json) would read `N` as n, or a second `Max_Completion_Tokens` over the
         # pinned cap, unsized (red-team, stop 38)
