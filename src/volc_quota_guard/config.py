@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         description="The longest a guarded call may run: the hook caps its timeout here and cuts "
                     "a stream still running then, and a package expiring before a snapshot's "
                     "validity plus this is kept off the wall.")
+    slowest_decode_tokens_per_second: float = Field(
+        default=4.0, gt=0, le=100_000,
+        description="The slowest rate the guard assumes Ark writes a call's output at, once the call "
+                    "has had VQG_MAX_CALL_SECONDS: Ark may run a call on after the proxy gave up on "
+                    "it, so a package expiring before the call's output cap could be written at "
+                    "this rate is kept off that call's wall.")
     snapshot_max_age_minutes: int = Field(default=90, ge=5, le=1440,
                                           description="Older snapshots give no headroom.")
     evict_below: int = Field(default=1_000, ge=0, le=10_000_000,
@@ -135,6 +141,14 @@ class Settings(BaseSettings):
         """How long after its admission a call may still be running (and renewed): the longest
         call the hook lets run plus a TTL. The wall's expiry window reaches this far."""
         return int(1000 * reservation_keep_s(self.reservation_ttl_seconds, self.max_call_seconds))
+
+    def call_run_ms(self, call_s: float, output_per_choice: int) -> int:
+        """How long after its admission Ark may still run a call the proxy lets run `call_s`:
+        as long as the proxy keeps it, then its whole output at the slowest decode rate (Ark is
+        never told to stop a call the proxy gave up on; stop 44's red team billed 676,000 with
+        calls that ran 190 minutes across an expiry)."""
+        keep = reservation_keep_s(self.reservation_ttl_seconds, call_s)
+        return int(1000 * (keep + output_per_choice / self.slowest_decode_tokens_per_second))
 
     def correction_ppm(self) -> tuple[int, int]:
         """The estimate correction's start and bound as the gate takes them (parts per million)."""

@@ -70,6 +70,7 @@ YOUNG_TIGHT_MS = 60 * MINUTE_MS  # a young end's lag bound looser than this wait
 # did not show 176,591 unseen tokens yet under a 702-min lag as exact and billed 27,921 (fuzz
 # seed 1119).
 UNSEEN_SETTLED_MS = 25 * 60 * MINUTE_MS
+LADDER_STEPS = 64  # expiry ladder steps in a snapshot (the gate takes at most 4096 bytes of it)
 
 
 @dataclass(frozen=True)
@@ -459,6 +460,9 @@ def compute_limit(
     # billed 680,500, stop 37).
     expiring = sum(p.available for p in packages
                    if p.expires_ms is not None and p.expires_ms <= valid_until + running_ms)
+    # Later expiries go on the ladder: a call Ark may run past one is admitted without it
+    # (sixteen 60,000-token calls Ark ran 190 minutes, past the longest call, billed 676,000).
+    ladder = expiry_ladder(packages, valid_until + running_ms)
     step, counted_from = day_step(now_ms, packages, usage, *previous, lag_ms=lag,
                                   floor_before=state.settled_floor, floor=floor)
     state = replace(state, settled_floor=floor)
@@ -466,10 +470,22 @@ def compute_limit(
                         small_buffer=small_buffer, daily_cap=daily_cap,
                         valid_until_ms=valid_until, evict_below=evict_below,
                         hold_until_ms=held_until, hold_cap=cold_start_admit if held_until else 0,
-                        day_step=step, day_since_ms=previous[2], day_from=counted_from)
+                        day_step=step, day_since_ms=previous[2], day_from=counted_from,
+                        ladder=ladder)
     return LimitResult(snapshot, state, balance, settled_usage, free_total, lag, observed,
                        expiring, external, notes, held_until_ms=held_until,
                        history_start_ms=history_start_ms, unseen=unseen)
+
+
+def expiry_ladder(packages: Sequence[PackageView], after_ms: int) -> tuple[tuple[int, int], ...]:
+    """(expires at, free tokens) of the packages expiring after `after_ms`, soonest first, at
+    most LADDER_STEPS: any further are merged into the last step (off a call that reaches it
+    too: merging can only take more off)."""
+    steps = sorted((p.expires_ms, p.available) for p in packages
+                   if p.expires_ms is not None and p.expires_ms > after_ms and p.available > 0)
+    if len(steps) > LADDER_STEPS:
+        steps[LADDER_STEPS - 1:] = [(steps[LADDER_STEPS - 1][0], sum(a for _, a in steps[LADDER_STEPS - 1:]))]
+    return tuple(steps)
 
 
 def _young_ends(state: LimitState, balance: int, usage: UsageView, now_ms: int,

@@ -92,9 +92,10 @@ class GateVersusModel(RuleBasedStateMachine):
           corr_min=st.integers(PPM, 3 * PPM), corr_extra=st.integers(0, 2 * PPM),
           day=st.none() | st.tuples(st.none() | st.integers(0, 3_000_000),
                                     st.integers(0, 2 * 86_400_000), st.none() | st.floats(0.0, 1.0)),
-          listed_ago=st.none() | st.integers(0, 3_600_000))
+          listed_ago=st.none() | st.integers(0, 3_600_000),
+          ladder=st.lists(st.tuples(st.integers(0, 86_400), st.integers(0, 500_000)), max_size=4))
     def snapshot(self, pool, balance, settled, expiring, buffer, cap, validity_min, evict_below,
-                 corr_min, corr_extra, day=None, listed_ago=None):
+                 corr_min, corr_extra, day=None, listed_ago=None, ladder=()):
         # The day's count: the API's step since a sync up to two days back, and a lifetime
         # usage counted a reconcile lag ago (up to today's).
         step, since_ago, from_frac = day if day is not None else (None, 0, None)
@@ -104,7 +105,10 @@ class GateVersusModel(RuleBasedStateMachine):
                         correction_min_ppm=corr_min, correction_max_ppm=corr_min + corr_extra,
                         day_step=step, day_since_ms=max(0, self.now - since_ago),
                         day_from=None if from_frac is None else int((p.ucum if p else 0) * from_frac),
-                        listed_at_ms=0 if listed_ago is None else self.now - listed_ago)
+                        listed_at_ms=0 if listed_ago is None else self.now - listed_ago,
+                        # Expiries past the snapshot's validity (seconds after it), soonest first.
+                        ladder=tuple(sorted((self.now + validity_min * 60_000 + 1000 * s, a)
+                                            for s, a in ladder)))
         self.both(lambda: self.gate.install_snapshot(pool, snap),
                   lambda: self.model.install_snapshot(pool, snap, self.now))
         self.overrun_seen[pool] = False  # a new wall: start the no-overrun count afresh
@@ -123,14 +127,15 @@ class GateVersusModel(RuleBasedStateMachine):
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS), wanted=amounts,
           least_frac=st.floats(0.01, 1.0), input_frac=st.floats(0.0, 1.0), ttl_s=st.integers(1, 3600),
-          exact=st.booleans())
-    def reserve(self, pool, rid, wanted, least_frac, input_frac, ttl_s, exact):
+          exact=st.booleans(), run_s=st.sampled_from([0, 600, 7_200, 86_400, 200_000]))
+    def reserve(self, pool, rid, wanted, least_frac, input_frac, ttl_s, exact, run_s=0):
         least = max(1, int(wanted * least_frac))
         est = int(least * input_frac)  # the tokenizer's part, reserved times k (exact: kx)
         remembered = self.remembered(pool, rid)
-        d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000, est, exact),
+        d = self.both(lambda: self.gate.reserve(pool, rid, wanted, least, ttl_s * 1000, est, exact,
+                                                run_ms=run_s * 1000),
                       lambda: self.model.reserve(pool, rid, wanted, least, ttl_s * 1000, self.now, est,
-                                                 exact))
+                                                 exact, run_ms=run_s * 1000))
         if d is not None and d.reason == "admitted":
             assert not remembered, "a resolved id was reserved again"
             extra = d.input_reserved - est
@@ -140,6 +145,9 @@ class GateVersusModel(RuleBasedStateMachine):
             assert least + extra <= d.amount <= wanted + extra
             if not self.overrun_seen[pool]:
                 assert d.used_balance <= d.balance_wall and d.used_today <= d.daily_cap
+                # ... and within the wall less what expires while Ark may still run this call
+                off = sum(a for t, a in p.ladder if t <= self.now + run_s * 1000)
+                assert d.used_balance <= d.balance_wall - off or d.reason == "duplicate"
 
     @rule(pool=st.sampled_from(POOLS), rid=st.sampled_from(IDS),
           actual=st.one_of(st.none(), st.integers(0, 500_000)),

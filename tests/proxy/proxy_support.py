@@ -115,8 +115,9 @@ class Proxy:
         return self.gate.status(pool)
 
     def seed(self, pool: str, headroom: int, daily_headroom: int = BIG,
-             evict_below: int = 1_000) -> None:
-        """Give `pool` exactly `headroom` tokens under the balance wall (counters are kept)."""
+             evict_below: int = 1_000, ladder: tuple[tuple[int, int], ...] = ()) -> None:
+        """Give `pool` exactly `headroom` tokens under the balance wall (counters are kept);
+        `ladder`: packages expiring later, (expires at ms, free tokens) in the headroom."""
         deadline = time.monotonic() + 20
         while (st := self.gate.status(pool)).get("inflight") and time.monotonic() < deadline:
             time.sleep(0.05)  # the previous test's last settle is still on its way
@@ -125,7 +126,7 @@ class Proxy:
         self.gate.install_snapshot(pool, Snapshot(
             balance=headroom, settled_usage=ucum, expiring=0, small_buffer=0,
             daily_cap=today + daily_headroom, valid_until_ms=int(time.time() * 1000) + 3_600_000,
-            evict_below=evict_below))
+            evict_below=evict_below, ladder=ladder))
         if min(headroom, daily_headroom) < evict_below:
             # An eviction by another process reaches the proxy's routing within POOL_READ_S (its
             # reserve refuses what does not fit at once; a request that fits may still be served).

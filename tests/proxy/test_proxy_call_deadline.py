@@ -15,13 +15,16 @@ from volc_quota_guard.fake import FakeVolcengine
 pytestmark = pytest.mark.proxy
 
 CAP_S = 3
+SLOWEST = 0.25  # tokens/s: 4,000 output tokens may take Ark 4.4 h
+HOUR_MS = 3_600_000
 
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory, fake: FakeVolcengine, store_url: str,
           prefix: str) -> Iterator[Proxy]:
     p = start_proxy(tmp_path_factory.mktemp("deadline"), fake, store_url, prefix,
-                    env={"VQG_MAX_CALL_SECONDS": str(CAP_S)})
+                    env={"VQG_MAX_CALL_SECONDS": str(CAP_S),
+                         "VQG_SLOWEST_DECODE_TOKENS_PER_SECOND": str(SLOWEST)})
     yield p
     stop_proxy(p)
 
@@ -95,3 +98,31 @@ def test_a_slow_responses_stream_is_cut_at_the_cap_too(proxy: Proxy) -> None:
     reserved = int(re.search(r"reserved=(\d+)", line).group(1))
     assert int(re.search(r"counted=(\d+)", line).group(1)) >= reserved > 600, line
     assert proxy.wait_for_log(rf"\[DEADLINE\].*call={cid}")
+
+
+def test_a_call_ark_could_run_past_an_expiry_is_held_without_that_package(proxy: Proxy) -> None:
+    """Ark runs a call on after the proxy gives up on it: sixteen 60,000-token calls it ran
+    190 minutes, past the longest call the sync's expiry lookahead covers, billed 676,000
+    (red-team, stop 44). A call whose output cap Ark could still be writing at the slowest
+    decode rate when a package expires is admitted without that package; a short one with it."""
+    now = int(time.time() * 1000)
+    proxy.seed(POOL_SOLO, 500_100, ladder=((now + 3 * HOUR_MS, 500_000),))
+
+    def ask(max_tokens: int) -> httpx.Response:
+        return httpx.post(f"{proxy.url}/v1/chat/completions", timeout=30, json={
+            "model": "solo", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": call_id()})
+
+    short = ask(1_000)  # Ark's longest run: the proxy's keep + 4,000 s, before the expiry
+    assert short.status_code == 200, short.text
+    cid = call_id()
+    long = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=30, json={
+        "model": "solo", "max_tokens": 4_000, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"authorization": f"Bearer {MASTER_KEY}", "x-litellm-call-id": cid})
+    assert long.status_code == 429, long.text  # 16,000 s at 0.25 tokens/s: past it
+    assert "max_tokens" in long.text and "expiry_wall" in long.text, long.text
+    line = proxy.wait_for_log(rf"\[PRE-BLOCK\].*call={cid}")[-1]
+    assert "reason=expiry_wall" in line, line
+    # The same call with the package expiring a day on fits.
+    proxy.seed(POOL_SOLO, 500_100, ladder=((now + 24 * HOUR_MS, 500_000),))
+    assert ask(4_000).status_code == 200

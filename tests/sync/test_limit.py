@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from volc_quota_guard.limit import LimitState, PackageView, UsageView, assumed_lag_ms, compute_limit
+from volc_quota_guard.limit import (
+    LADDER_STEPS,
+    LimitState,
+    PackageView,
+    UsageView,
+    assumed_lag_ms,
+    compute_limit,
+    expiry_ladder,
+)
 
 MIN = 60_000
 T = 1_786_593_720_000  # 2026-08-13 11:22 Beijing
@@ -215,6 +223,32 @@ def test_packages_expiring_before_the_snapshot_do_are_taken_off():
               view)
     assert r.expiring == 400_000
     assert r.snapshot.balance + r.snapshot.settled_usage - r.expiring - 50_000 == 1_150_000
+
+
+def test_later_expiries_go_on_the_ladder_soonest_first():
+    """A package expiring after the snapshot's own lookahead (validity + the longest call) stays
+    on the wall, and on the ladder a call Ark may run past it is reserved against; one with
+    nothing left, or none expiring, is not on it."""
+    view = usage({300: 0}, lifetime=0)
+    day = 86_400_000
+    packages = [PackageView("soon", 100_000, T + 60 * MIN), PackageView("later", 200_000, T + 5 * 60 * MIN),
+                PackageView("first", 300_000, T + 4 * 60 * MIN), PackageView("dry", 0, T + 6 * 60 * MIN),
+                PackageView("month", 400_000, T + 30 * day), PackageView("open", 500_000, None)]
+    r = compute_limit(now_ms=T, packages=packages, usage=view, state=EMPTY, lag_floor_ms=FLOOR,
+                      small_buffer=50_000, daily_cap=2_000_000, max_age_ms=90 * MIN, evict_below=1_000,
+                      running_ms=115 * MIN)
+    assert r.expiring == 100_000  # by T + 90 + 115 min
+    assert r.snapshot.ladder == ((T + 4 * 60 * MIN, 300_000), (T + 5 * 60 * MIN, 200_000),
+                                 (T + 30 * day, 400_000))
+
+
+def test_a_long_ladder_merges_its_tail_into_its_last_step():
+    """Past LADDER_STEPS the later packages are merged into the last step: taken off a call that
+    reaches it, which only ever takes more off."""
+    packages = [PackageView(f"p{i}", 1_000, T + (i + 1) * 86_400_000) for i in range(LADDER_STEPS + 5)]
+    steps = expiry_ladder(packages, T)
+    assert len(steps) == LADDER_STEPS and sum(a for _, a in steps) == 1_000 * (LADDER_STEPS + 5)
+    assert steps[-1] == (T + LADDER_STEPS * 86_400_000, 6_000)
 
 
 def test_balance_drop_beyond_recorded_usage_is_flagged():

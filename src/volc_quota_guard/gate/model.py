@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from ..clock import beijing_day
 from ..errors import GateError
-from .values import MAX_AMOUNT, MAX_REQUEST, MAX_TIME, PPM, Decision, Snapshot, corrected
+from .values import MAX_AMOUNT, MAX_REQUEST, MAX_TIME, PPM, Decision, Snapshot, corrected, ladder_arg
 
 RESOLVED_MS = 21_600_000  # resolved ids: 6 h
 CARRY_MS = RESOLVED_MS  # an expired reservation this close to midnight counts on the next day too
@@ -89,6 +89,7 @@ class PoolModel:
     inflight_xest: int = 0
     inflight_xest_res: int = 0
     hist_at: int = 0  # the state's generation: when it was created
+    ladder: tuple[tuple[int, int], ...] = ()  # (expires at, free tokens) past the snapshot's lookahead
     k: int = PPM  # the correction now (derived, not stored)
     kx: int = XCORR_FLOOR  # the exact class's correction now (derived, not stored)
     reservations: dict[str, Held] = field(default_factory=dict)
@@ -297,7 +298,8 @@ class GateModel:
             raise GateError("bad_id", "request id must be 1-256 bytes")
 
     def reserve(self, pool: str, rid: str, wanted: int, least: int | None, ttl_ms: int,
-                now: int, input_tokens: int = 0, exact: bool = False, renew: bool = False) -> Decision:
+                now: int, input_tokens: int = 0, exact: bool = False, renew: bool = False,
+                run_ms: int = 0) -> Decision:
         least = wanted if least is None else least
         self._check_id(rid)
         if not _is_int(wanted, 1, MAX_REQUEST) or not _is_int(least, 1, wanted) \
@@ -305,6 +307,8 @@ class GateModel:
             raise GateError("bad_amount", "amounts out of range")
         if not _is_int(ttl_ms, 1000, 604_800_000):
             raise GateError("bad_ttl", "ttl out of range")
+        if not _is_int(run_ms, 0, MAX_TIME):
+            raise GateError("bad_time", "the run must be empty or ms")
         p = self.pools.get(pool)
         if p is None:
             return _NO_SNAPSHOT
@@ -329,10 +333,14 @@ class GateModel:
             # true free balance (wall + buffer) and the daily cap.
             risk = p.miscount_risk(input_tokens, est_res, exact)
             hb, hc = min(hb, hb + p.buffer - risk), min(hc, hc - risk)
-            grant = min(wanted + extra, hb, hc)
+            # packages that expire while Ark may still run this call
+            off = sum(a for t, a in p.ladder if t <= now + run_ms) if run_ms > 0 else 0
+            grant = min(wanted + extra, hb - off, hc)
             if grant >= least + extra:
                 status, reason, granted = "ok", "admitted", grant
                 p.hold(rid, Held(grant, now + ttl_ms, input_tokens, est_res, exact))
+            elif off > 0 and min(hb, hc) >= least + extra:
+                reason = "expiry_wall"  # it fits unless Ark runs it past an expiry
             else:
                 reason = "balance_wall" if hb <= hc else "collection_wall"
         p.update_eviction()
@@ -422,6 +430,9 @@ class GateModel:
             raise GateError("bad_amount", "generation must be a non-negative integer")
         if not _is_int(s.listed_at_ms, 0, MAX_TIME):
             raise GateError("bad_time", "listed_at must be empty or ms since the epoch")
+        if not all(_is_int(t, 0, MAX_TIME) and _is_int(a, 0, MAX_AMOUNT) for t, a in s.ladder) \
+                or len(ladder_arg(s)) > 4096:
+            raise GateError("bad_amount", 'the expiry ladder must be "t:a,t:a" (at most 4096 bytes)')
         if s.listed_at_ms and p is not None and s.listed_at_ms < p.listed_at <= now:
             raise GateError("older_listing", "a snapshot from a later billing listing is installed")
         if s.generation and (p is None or max(p.hist_at, 1) != s.generation):
@@ -434,6 +445,7 @@ class GateModel:
         p.snap_at, p.balance, p.expiring, p.buffer, p.cap = (
             now, s.balance, s.expiring, s.small_buffer, s.daily_cap)
         p.valid_until, p.evict_below = s.valid_until_ms, s.evict_below
+        p.ladder = s.ladder
         p.settled = min(s.settled_usage, p.ucum)
         p.snap_seq += 1
         p.corr_min, p.corr_max = s.correction_min_ppm, s.correction_max_ppm

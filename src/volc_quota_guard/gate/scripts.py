@@ -27,7 +27,7 @@ from .store import amapped as _acall
 from .store import atwice as _atwice
 from .store import is_cluster, twice
 from .store import mapped as _call
-from .values import Decision, PoolState, Snapshot
+from .values import Decision, PoolState, Snapshot, ladder_arg
 
 VERBS = ("reserve", "settle", "release", "snapshot", "status", "recover")
 
@@ -132,9 +132,10 @@ class _Args:
         return self.keyspace.pool(pool)
 
     def reserve(self, request_id: str, wanted: int, least: int | None, ttl_ms: int,
-                input_tokens: int, exact: bool = False) -> list[str]:
+                input_tokens: int, exact: bool = False, run_ms: int = 0) -> list[str]:
         return [_now_arg(self.clock), request_id, _num(wanted), _num(wanted if least is None else least),
-                _num(ttl_ms), _num(input_tokens), "exact" if exact else ""]
+                _num(ttl_ms), _num(input_tokens), "exact" if exact else "", "",
+                _num(run_ms) if run_ms else ""]
 
     def renew(self, request_id: str, ttl_ms: int) -> list[str]:
         return [_now_arg(self.clock), request_id, "1", "1", _num(ttl_ms), "0", "", "renew"]
@@ -153,7 +154,7 @@ class _Args:
                 json.dumps(s.packages), _num(s.correction_min_ppm), _num(s.correction_max_ppm),
                 _num(s.hold_until_ms) if s.hold_until_ms else "", _num(s.hold_cap),
                 _num(s.unseen_day_tokens), *_day_args(s), _num(s.generation),
-                _num(s.listed_at_ms)]
+                _num(s.listed_at_ms), ladder_arg(s)]
 
     def recover(self, generation: int, day: int, seen_today: int, carry_day: int = 0,
                 carry: int = 0, inflight: int = 0) -> list[str]:
@@ -197,17 +198,19 @@ class Gate:
                         _parse(_call(lambda: twice(self._scripts[verb], keys, args))))
 
     def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
+                ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False,
+                run_ms: int = 0) -> Decision:
         """Reserve up to `wanted` tokens (at least `least`) for `request_id`, or refuse.
 
         `input_tokens` is the tokenizer's part of both amounts: it is reserved times the pool's
         estimate correction (`Decision.input_reserved`), so the grant may exceed `wanted`.
         `exact`: the count is exact (the DeepSeek tokenizer, Ark's tokenization API): reserved
         times the exact class's own correction kx (floor 1.1) and held to the exact miscount
-        ceiling (1.5).
+        ceiling (1.5). `run_ms`: how long Ark may run the call (`Settings.call_run_ms`); the
+        snapshot ladder's packages that expire by then are off its balance wall.
         """
-        return self._run("reserve", pool,
-                         self.args.reserve(request_id, wanted, least, ttl_ms, input_tokens, exact))
+        return self._run("reserve", pool, self.args.reserve(request_id, wanted, least, ttl_ms,
+                                                            input_tokens, exact, run_ms))
 
     def renew(self, pool: str, request_id: str, ttl_ms: int) -> Decision:
         """Move a live reservation's deadline to `ttl_ms` from now (its request is still running);
@@ -380,9 +383,10 @@ class AsyncGate:
                         _parse(await _acall(lambda: _atwice(self._scripts[verb], keys, args))))
 
     async def reserve(self, pool: str, request_id: str, wanted: int, least: int | None = None,
-                      ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False) -> Decision:
+                      ttl_ms: int = 900_000, input_tokens: int = 0, exact: bool = False,
+                      run_ms: int = 0) -> Decision:
         return await self._run("reserve", pool, self.args.reserve(
-            request_id, wanted, least, ttl_ms, input_tokens, exact))
+            request_id, wanted, least, ttl_ms, input_tokens, exact, run_ms))
 
     async def renew(self, pool: str, request_id: str, ttl_ms: int) -> Decision:
         return await self._run("reserve", pool, self.args.renew(request_id, ttl_ms))

@@ -60,7 +60,7 @@ class Decision:
     @property
     def refused_at_wall(self) -> bool:
         """Refused for lack of headroom (not a missing or stale snapshot): a smaller count may fit."""
-        return self.reason in ("balance_wall", "collection_wall")
+        return self.reason in ("balance_wall", "collection_wall", "expiry_wall")
 
     @property
     def binding_wall(self) -> str:
@@ -106,6 +106,14 @@ class Snapshot:
     # When the billing listing this snapshot was computed from began (gate clock, ms; 0 = by
     # hand). One from an older listing than the installed one's is refused (`older_listing`).
     listed_at_ms: int = 0
+    # Packages expiring after `valid_until_ms` plus the longest call, as (expires at ms, free
+    # tokens), soonest first: a call Ark may run past one is admitted without it (reserve's run).
+    ladder: tuple[tuple[int, int], ...] = ()
+
+
+def ladder_arg(s: Snapshot) -> str:
+    """The expiry ladder as the gate stores it: "t:a,t:a"."""
+    return ",".join(f"{t}:{a}" for t, a in s.ladder)
 
 
 @dataclass(frozen=True)

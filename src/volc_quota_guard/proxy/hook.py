@@ -523,9 +523,15 @@ class QuotaGuard(CustomLogger):
             found = await self._exact_sizing(guard, kwargs, route, limits, chain, sizing)
             if found is not None:
                 sizing, exact = found, True
+        call_s = self._call_s(kwargs)
+        if kwargs.get("stream") is True:  # its timeout is per read: it runs to the cap (then cut)
+            call_s = self.config.max_call_seconds
+        # Ark may run the call on after the proxy gives up on it: a package expiring before its
+        # output could be written at the slowest rate is off its wall.
+        run_ms = self.config.call_run_ms(call_s, sizing.per_choice)
         try:
             d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least, ttl_ms,
-                                          input_tokens=sizing.input_tokens, exact=exact)
+                                          input_tokens=sizing.input_tokens, exact=exact, run_ms=run_ms)
             if limits.method == "ark-api" and not asked and d.refused_at_wall:
                 # The cheap count × k did not fit: Ark's exact count may (a refusal wrote nothing
                 # under this id, so it is asked again with the exact count).
@@ -533,7 +539,8 @@ class QuotaGuard(CustomLogger):
                 if found is not None:
                     sizing, exact = found, True
                     d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least,
-                                                  ttl_ms, input_tokens=sizing.input_tokens, exact=True)
+                                                  ttl_ms, input_tokens=sizing.input_tokens, exact=True,
+                                                  run_ms=run_ms)
         except (StoreUnavailable, GateError) as exc:
             if not self.fail_open:  # refused: a reserve that ran with its answer lost holds quota
                 self._release_later(guard.pool, rid)
@@ -554,9 +561,6 @@ class QuotaGuard(CustomLogger):
                           inp, sizing.per_choice, d.amount,
                           per_choice if per_choice < sizing.per_choice else None,
                           state=state, choices=sizing.choices, route=route.kind)
-        call_s = self._call_s(kwargs)
-        if kwargs.get("stream") is True:  # its timeout is per read: it runs to the cap (then cut)
-            call_s = self.config.max_call_seconds
         res.call_until = res.created + call_s
         self.reservations.remember(res, reservation_keep_s(self.config.reservation_ttl_seconds, call_s))
         self._keep_renewing()

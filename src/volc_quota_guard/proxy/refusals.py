@@ -70,6 +70,9 @@ def gate_refusal(d: Decision, least: int, now_ms: int, until_sync_s: int) -> tup
     # prompt, counted at the correction's ceiling with those in flight, would pass the wall.
     ceiling = " (with its prompt at the estimate correction's ceiling)" if least <= left else ""
     why = {"no_snapshot": "no quota snapshot yet", "stale_snapshot": "quota snapshot too old",
+           "expiry_wall": f"expiry_wall, a free package expires before Ark could finish this "
+                          f"call's max_tokens at VQG_SLOWEST_DECODE_TOKENS_PER_SECOND and the rest "
+                          f"does not hold its {least:,} tokens; a smaller max_tokens may fit",
            }.get(d.reason, f"{d.reason}, needs {least:,} tokens{ceiling}, {left:,} left")
     return why, wait
 

@@ -290,17 +290,18 @@ class GuardStrategy:
             every = ttl_s * 1000 // 3
             ttl_ms = min(ttl_ms, (crash - now) // every * every + ttl_s * 1000)
         exact = req.line.counting == "exact"
+        run_ms = self.cfg.call_run_ms(self.cfg.max_call_seconds, need.per_choice)  # as the hook
         if req.line.counting == "ark-api" and need.input_tokens >= self.cfg.exact_count_min_tokens:
             need, exact = self._need(replace(req, estimate=req.line.exact_estimate())), True
         d = self.gate.reserve(POOL, req.rid, need.wanted, need.least, ttl_ms=ttl_ms,
-                              input_tokens=need.input_tokens, exact=exact)
+                              input_tokens=need.input_tokens, exact=exact, run_ms=run_ms)
         if req.line.counting == "ark-api" and not exact and d.refused_at_wall:
             # The hook's Doubao path (docs/counting.md): a big prompt, or one whose cheap count
             # does not fit, is counted by Ark's tokenization API and reserved in the exact class
             # (a refusal wrote nothing, so it is asked again).
             need = self._need(replace(req, estimate=req.line.exact_estimate()))
             d = self.gate.reserve(POOL, req.rid, need.wanted, need.least, ttl_ms=ttl_ms,
-                                  input_tokens=need.input_tokens, exact=True)
+                                  input_tokens=need.input_tokens, exact=True, run_ms=run_ms)
         if not d.admitted:
             return Admission(False, reason=d.reason)
         out = need.granted_per_choice(d)  # the per-choice cap the hook pins

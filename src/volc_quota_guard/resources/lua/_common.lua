@@ -74,15 +74,19 @@ local FIELDS = {'snap_at', 'valid_until', 'balance', 'settled', 'expiring', 'buf
   -- and what a lost generation carried to lost_carry_day (recover.lua: a wipe lost it).
   'carry_day', 'carry', 'lost_carry_day', 'lost_carry'}
 
+-- Text fields: the wall eviction is for; the expiry ladder (snapshot.lua, "t:a,t:a": free tokens
+-- that expire after the snapshot's own lookahead, by expiry time).
 local LOAD_FIELDS = {unpack(FIELDS)}
 LOAD_FIELDS[#LOAD_FIELDS + 1] = 'evicted_wall'
+LOAD_FIELDS[#LOAD_FIELDS + 1] = 'ladder'
 
 -- One read of the whole state; `exists` is false for a pool that never had a snapshot.
 local function load()
   local vals = redis.call('HMGET', K_STATE, unpack(LOAD_FIELDS))
   local st = {exists = vals[1] ~= false and vals[1] ~= nil}
   for i, f in ipairs(FIELDS) do st[f] = tonumber(vals[i]) or 0 end
-  st.evicted_wall = vals[#LOAD_FIELDS] or ''
+  st.evicted_wall = vals[#LOAD_FIELDS - 1] or ''
+  st.ladder = vals[#LOAD_FIELDS] or ''
   return st
 end
 
@@ -94,6 +98,8 @@ local function save(st)
   end
   args[#args + 1] = 'evicted_wall'
   args[#args + 1] = st.evicted_wall
+  args[#args + 1] = 'ladder'
+  args[#args + 1] = st.ladder
   redis.call('HSET', K_STATE, unpack(args))
 end
 
@@ -255,6 +261,16 @@ local function wall_balance(st)
   local wall = st.balance + st.settled - st.expiring - st.buffer
   if st.hold_until > 0 then wall = math.min(wall, st.hold_cap) end
   return wall
+end
+
+-- Free tokens of the ladder's packages that expire by `until_ms`: a call Ark may still run
+-- then is admitted without them (its tokens would be billed after they are gone).
+local function expiring_by(st, until_ms)
+  local off = 0
+  for t, a in string.gmatch(st.ladder, '(%d+):(%d+)') do
+    if tonumber(t) <= until_ms then off = off + tonumber(a) end
+  end
+  return off
 end
 
 -- The daily cap less what the guard did not see of a day its history began in.

@@ -1,7 +1,9 @@
 -- ARGV: now_ms ('' = server TIME), request id, amount wanted, least amount acceptable, ttl_ms,
 -- estimated input ('' = 0: the part of both amounts that is the tokenizer's prompt count),
 -- counting class ('' = cheap; 'exact' = an exact count, e.g. Ark's tokenization API),
--- 'renew' = only move a live reservation's deadline (a request still running), never admit.
+-- 'renew' = only move a live reservation's deadline (a request still running), never admit;
+-- how long Ark may run the call ('' = 0: within the snapshot's own lookahead): the ladder's
+-- packages expiring by now plus this are off its balance wall.
 -- The estimated input is reserved as ceil(est * k) (exact: kx); grants min(wanted, headroom)
 -- when that is at least the least acceptable amount (both with k applied), and only while the
 -- walls would hold were every in-flight prompt miscounted by its class's ceiling.
@@ -21,6 +23,8 @@ local class = ARGV[7] or ''
 if class ~= '' and class ~= 'exact' then return err('bad_class', "counting class must be '' or 'exact'") end
 local exact = class == 'exact'
 local renew = ARGV[8] == 'renew'
+local run = (ARGV[9] == nil or ARGV[9] == '') and 0 or int_arg(ARGV[9], 0, MAX_TIME)
+if not run then return err('bad_time', 'the run must be empty or ms') end
 
 local st = load()
 if not st.exists then return {'refused', 'no_snapshot', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
@@ -49,13 +53,16 @@ else
   -- the pool has never measured, before any settle can raise k.
   local risk = miscount_risk(st, est, est_res, exact)
   hb, hc = math.min(hb, hb + st.buffer - risk), math.min(hc, hc - risk)
-  local grant = math.min(wanted + extra, hb, hc)
+  local off = (run > 0 and st.ladder ~= '') and expiring_by(st, now + run) or 0
+  local grant = math.min(wanted + extra, hb - off, hc)
   if grant >= least + extra then
     status, reason, granted = 'ok', 'admitted', grant
     redis.call('HSET', K_RES, id, string.format('%d:%d:%d:%d', grant, now + ttl, est, est_res)
       .. (exact and ':x' or ''))
     redis.call('ZADD', K_DL, now + ttl, id)
     inflight_add(st, 1, grant, est, est_res, exact)
+  elseif off > 0 and math.min(hb, hc) >= least + extra then
+    reason = 'expiry_wall'  -- it fits unless Ark runs it past an expiry
   elseif hb <= hc then
     reason = 'balance_wall'
   else

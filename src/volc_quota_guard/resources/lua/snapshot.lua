@@ -10,7 +10,9 @@
 -- generation, or none, is an error ('generation') and nothing is written; then when the billing
 -- listing it was computed from began ('' or 0 = unordered: a snapshot by hand): older than the
 -- installed one's is an error ('older_listing') and nothing is written — a sync that stalled past
--- its lock must not put back a balance a later sync already saw spent.
+-- its lock must not put back a balance a later sync already saw spent. Last, the expiry ladder
+-- ('' = none): "t:a,t:a", free tokens a in packages expiring at t (ms) after valid_until and the
+-- longest call, which reserve.lua keeps off the wall of a call Ark may run past t.
 -- Installs the pool's snapshot, all of it in one
 -- step; counters (and what the correction learned) are kept. The call that creates the state
 -- stamps where the pool's history begins (hist_at, also its generation).
@@ -53,6 +55,10 @@ local expect = optional(18, MAX_TIME)
 if expect == false then return err('bad_amount', 'generation must be a non-negative integer') end
 local listed = optional(19, MAX_TIME)
 if listed == false then return err('bad_time', 'listed_at must be empty or ms since the epoch') end
+local ladder = ARGV[20] or ''
+if #ladder > 4096 or not string.match(ladder, '^[%d:,]*$') then
+  return err('bad_amount', 'the expiry ladder must be "t:a,t:a" (at most 4096 bytes)')
+end
 local st = load()
 -- A stored listing time ahead of now came from a clock since set back: it orders nothing.
 if listed and listed > 0 and st.exists and st.listed_at > listed and st.listed_at <= now then
@@ -75,6 +81,7 @@ st.settled = math.min(v[3], st.ucum)  -- usage not yet recorded cannot have been
 st.snap_seq = st.snap_seq + 1
 st.listed_at = (st.listed_at <= now) and math.max(st.listed_at, listed or 0) or (listed or 0)
 st.hold_until, st.hold_cap = hold_until, hold_cap
+st.ladder = ladder
 st.corr_min, st.corr_max = corr_min, corr_max
 st.k, st.kx = correction(st, now), xcorrection(st, now)
 -- Today's count (day_count): the chain of what the API settled, from a sync before midnight
