@@ -18,6 +18,9 @@ from .errors import ConfigError
 
 MIN_OUTPUT_TOKENS = 256  # a clamped answer shorter than this is useless: block instead
 UPSTREAM_TIMEOUT_S = 6000.0  # LiteLLM's default request timeout (`litellm.request_timeout`)
+# Ark documents no bound on how long it runs a call; this is the premise (docs/operating.md).
+SLOWEST_DECODE_TPS = 4.0
+RESERVATION_TTL_S = 900
 KEEP_TTL_FACTOR = 4  # a reservation is kept (and renewed) at least this many TTLs
 
 
@@ -63,7 +66,7 @@ class Settings(BaseSettings):
                     "history begins after it), and the balance wall by this less what truly ran "
                     "unseen for the life of the history; 0 = the account was idle.")
     reservation_ttl_seconds: int = Field(
-        default=900, ge=10, le=86_400,
+        default=RESERVATION_TTL_S, ge=10, le=86_400,
         description="After this, an unsettled reservation counts as consumed.")
     max_call_seconds: float = Field(
         default=UPSTREAM_TIMEOUT_S, ge=1, le=86_400,
@@ -71,7 +74,7 @@ class Settings(BaseSettings):
                     "a stream still running then, and a package expiring before a snapshot's "
                     "validity plus this is kept off the wall.")
     slowest_decode_tokens_per_second: float = Field(
-        default=4.0, gt=0, le=100_000,
+        default=SLOWEST_DECODE_TPS, gt=0, le=100_000,
         description="The slowest rate the guard assumes Ark writes a call's output at, once the call "
                     "has had VQG_MAX_CALL_SECONDS: Ark may run a call on after the proxy gave up on "
                     "it, so a package expiring before the call's output cap could be written at "

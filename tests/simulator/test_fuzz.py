@@ -33,20 +33,27 @@ def test_the_fuzzer_covers_the_families_it_promises() -> None:
     longer than the floor, and wipes seconds after a burst the last poll did not see, and calls
     the proxy gives up on before midnight while Ark runs them on, and lag incidents of hours
     beginning minutes after a busy stretch stops, and long calls running when a package expires,
-    and first starts after unseen usage under a lag of 8-24 hours with 8 quiet hours first."""
+    and first starts after unseen usage under a lag of 8-24 hours with 8 quiet hours first, and
+    calls across an expiry that Ark runs on past the longest call the proxy keeps."""
     lags, ratios, conc, durations = set(), [], set(), []
     seen = {"max_tokens": 0, "no_max_tokens": 0, "missing": 0, "two_days": 0, "late_start": 0,
             "arriving": 0, "expiring": 0, "prior_usage": 0, "wipe": 0, "reasoning": 0, "thinking_off": 0,
             "n": 0, "allowance": 0, "unmeasured_wave": 0, "exact": 0, "exact_wave": 0,
             "missing_wave": 0, "ark_api": 0, "ark_api_wave": 0, "long_lag": 0, "lag_incident": 0,
             "busy_first_start": 0, "unreported_under_lag": 0, "burst_before_wipe": 0, "crash": 0,
-            "given_up": 0, "incident_after_stop": 0, "calls_past_expiry": 0, "quiet_first_start": 0}
+            "given_up": 0, "incident_after_stop": 0, "calls_past_expiry": 0, "quiet_first_start": 0,
+            "ark_runs_past_the_longest_call": 0}
     for seed in range(500):
         s = parse_scenario(scenario_yaml(seed), f"fuzz-{seed}")
         assert s == parse_scenario(scenario_yaml(seed)), "a seed must give the same scenario"
         lags.add(s.settlement_lag_minutes)
         seen["long_lag"] += s.settlement_lag_minutes > 45
         seen["lag_incident"] += any(c.minutes >= 60 for c in s.lag_changes)
+        seen["ark_runs_past_the_longest_call"] += any(
+            line.prompt == 1_000 and line.duration_seconds > 6_900 and line.gives_up_after_seconds
+            for line in s.traffic) and any(
+            p.expires is not None and s.start_ms < p.expires.timestamp() * 1000 < s.end_ms
+            for p in s.packages)
         seen["calls_past_expiry"] += any(
             line.prompt == 1_000 and line.duration_seconds >= 2_700 for line in s.traffic) and any(
             p.expires is not None and s.start_ms < p.expires.timestamp() * 1000 < s.end_ms

@@ -33,6 +33,7 @@ from functools import partial
 import yaml
 
 from ..clock import BEIJING
+from ..config import RESERVATION_TTL_S, SLOWEST_DECODE_TPS, reservation_keep_s
 from .engine import simulate
 from .scenario import Scenario, parse_scenario
 
@@ -399,10 +400,35 @@ def _calls_past_expiry(seed: int, scenario: dict[str, object]) -> None:
     concurrency = rng.choice([8, 16, 24, 40])
     completion = max(1_000, int(max(rest, 100_000) * rng.uniform(1.0, 2.0) / concurrency))
     traffic: list[dict[str, object]] = scenario["traffic"]  # type: ignore[assignment]
-    traffic.append({"at": _hhmm(expiry - rng.randint(duration // 2, duration - 1)), "day": 1,
-                    "concurrency": concurrency, "prompt": 1_000, "completion": completion,
-                    "max_tokens": completion, "duration_seconds": duration * 60,
-                    **_pool_counting(traffic)})
+    line = {"at": _hhmm(expiry - rng.randint(duration // 2, duration - 1)), "day": 1,
+            "concurrency": concurrency, "prompt": 1_000, "completion": completion,
+            "max_tokens": completion, "duration_seconds": duration * 60, **_pool_counting(traffic)}
+    if rng.random() < 0.5:
+        # Half the time the proxy gives up on them within minutes and Ark runs them on, past
+        # the longest call the proxy keeps, up to their output at the slowest decode rate the
+        # guard assumes (sixteen 60,000-token calls Ark ran 190 minutes billed 676,000, stop 44).
+        # Admitted before the lookahead of the proxy's longest call reaches the expiry, the
+        # expiring package the bigger part of what they would spend.
+        # Within the daily cap, an hour after the first start (the expiry moved on if need be),
+        cap = int(str(scenario["daily_cap"]))
+        amount = max(int(str(packages[-1]["amount"])), min(int(rest * rng.uniform(1.5, 4.0)), cap))
+        completion = max(1_000, int(min(rest + amount, cap) * rng.uniform(0.5, 1.0) / concurrency))
+        longest = int(reservation_keep_s(RESERVATION_TTL_S) / 60)
+        most = min(int(longest + completion / SLOWEST_DECODE_TPS / 60), 24 * 60)
+        # ... admitted more than a snapshot's life (90 min) and a sync interval before the
+        # lookahead reaches the expiry, or as near that as their output allows.
+        beyond = longest + 90 + 60
+        duration = rng.randint(min(beyond + 10, most), most)
+        ahead = rng.randint(min(beyond, duration - 1), duration - 1)
+        first = _first_minute(scenario) + 60
+        ahead = max(1, min(ahead, 24 * 60 - 1 - first))
+        expiry = max(expiry, first + ahead)
+        expires = midnight + timedelta(minutes=expiry)
+        packages[-1].update(amount=amount, acquired=(expires - timedelta(days=30)).isoformat(),
+                            expires=expires.isoformat())
+        line.update(at=_hhmm(expiry - ahead), completion=completion, max_tokens=completion,
+                    duration_seconds=duration * 60, gives_up_after_seconds=rng.randint(30, 300))
+    traffic.append(line)
 
 
 def _lag_incident(seed: int, scenario: dict[str, object], start_minute: int) -> None:
