@@ -145,13 +145,14 @@ class Settings(BaseSettings):
         call the hook lets run plus a TTL. The wall's expiry window reaches this far."""
         return int(1000 * reservation_keep_s(self.reservation_ttl_seconds, self.max_call_seconds))
 
-    def call_run_ms(self, call_s: float, output_per_choice: int) -> int:
+    def call_run_ms(self, call_s: float, output: int) -> int:
         """How long after its admission Ark may still run a call the proxy lets run `call_s`:
-        as long as the proxy keeps it, then its whole output at the slowest decode rate (Ark is
+        as long as the proxy keeps it, then its whole output, every choice's, at the slowest
+        decode rate (choices written one after another: the longer reading; Ark is
         never told to stop a call the proxy gave up on; stop 44's red team billed 676,000 with
         calls that ran 190 minutes across an expiry)."""
         keep = reservation_keep_s(self.reservation_ttl_seconds, call_s)
-        return int(1000 * (keep + output_per_choice / self.slowest_decode_tokens_per_second))
+        return int(1000 * (keep + output / self.slowest_decode_tokens_per_second))
 
     def correction_ppm(self) -> tuple[int, int]:
         """The estimate correction's start and bound as the gate takes them (parts per million)."""

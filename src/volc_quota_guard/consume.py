@@ -223,7 +223,7 @@ class ConsumeTask:
             ttl = max(cfg.reservation_ttl_seconds, int(cfg.consume_timeout_seconds) + 60) * 1000
             granted = self.gate.reserve(pool, rid, need.wanted, ttl_ms=ttl, input_tokens=need.input_tokens,
                                         exact=exact, run_ms=cfg.call_run_ms(cfg.consume_timeout_seconds,
-                                                                            need.per_choice))
+                                                                            need.output))
             if not granted.admitted:
                 run.stop = f"the gate refused the call ({granted.reason})"
                 return

@@ -528,7 +528,7 @@ class QuotaGuard(CustomLogger):
             call_s = self.config.max_call_seconds
         # Ark may run the call on after the proxy gives up on it: a package expiring before its
         # output could be written at the slowest rate is off its wall.
-        run_ms = self.config.call_run_ms(call_s, sizing.per_choice)
+        run_ms = self.config.call_run_ms(call_s, sizing.output)
         try:
             d = await self.gate().reserve(guard.pool, rid, sizing.wanted, sizing.least, ttl_ms,
                                           input_tokens=sizing.input_tokens, exact=exact, run_ms=run_ms)

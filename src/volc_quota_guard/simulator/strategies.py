@@ -290,7 +290,7 @@ class GuardStrategy:
             every = ttl_s * 1000 // 3
             ttl_ms = min(ttl_ms, (crash - now) // every * every + ttl_s * 1000)
         exact = req.line.counting == "exact"
-        run_ms = self.cfg.call_run_ms(self.cfg.max_call_seconds, need.per_choice)  # as the hook
+        run_ms = self.cfg.call_run_ms(self.cfg.max_call_seconds, need.output)  # as the hook
         if req.line.counting == "ark-api" and need.input_tokens >= self.cfg.exact_count_min_tokens:
             need, exact = self._need(replace(req, estimate=req.line.exact_estimate())), True
         d = self.gate.reserve(POOL, req.rid, need.wanted, need.least, ttl_ms=ttl_ms,
