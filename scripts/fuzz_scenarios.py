@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from volc_quota_guard.simulator.fuzz import KNOWING, FuzzCase, knowing, run_fuzz, scenario_yaml
+from volc_quota_guard.simulator.fuzz import FAULTS, KNOWING, FuzzCase, knowing, run_fuzz, scenario_yaml
 
 
 def seed_range(text: str) -> range:
@@ -71,6 +71,10 @@ def main() -> int:
     for method, label in (("cheap", "cl100k counts"), ("ark-api", "Doubao (ark-api)"),
                           ("exact", "DeepSeek (exact)")):
         print(waste(f"  {label}", [c for c in cases if c.counting == method]))
+    print("by what the seeds draw (a seed may draw several):")
+    for fault, meaning in FAULTS.items():
+        print(waste(f"  {fault} ({meaning})", [c for c in cases if fault in c.faults]))
+    print(waste("  none of these", [c for c in cases if not c.faults]))
     if args.worst:
         def steady(c: FuzzCase) -> int:
             return c.refused_while_free - c.refused_at_start + c.stranded - c.stranded_at_start

@@ -13,7 +13,16 @@ from backend import TEST_REDIS_URL
 from volc_quota_guard.config import Settings
 from volc_quota_guard.simulator import parse_scenario
 from volc_quota_guard.simulator.engine import guard_settings
-from volc_quota_guard.simulator.fuzz import KNOWING, knowing, run_fuzz, run_seed, scenario_dict, scenario_yaml
+from volc_quota_guard.simulator.fuzz import (
+    FAULTS,
+    KNOWING,
+    faults,
+    knowing,
+    run_fuzz,
+    run_seed,
+    scenario_dict,
+    scenario_yaml,
+)
 from volc_quota_guard.simulator.scenario import arrivals
 
 # CI (real Redis) runs 120 seeds, about 130 s of the suite's 2 cores (CI's whole run must stay under
@@ -151,6 +160,25 @@ def test_knowing_gives_the_guard_what_it_learns_only_after_the_fact() -> None:
     bad = subprocess.run([sys.executable, str(script), "--knowing", "guess"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "choose from ['buffer', 'counts', 'lag', 'outputs', 'unseen', 'usage']" in bad.stderr
+
+
+def test_each_seed_says_which_fault_families_it_draws() -> None:
+    """`faults` names what a scenario draws beyond steady traffic on an always-watched account
+    (the fuzz script splits its waste figures by it); knowing usage and the lag removes those."""
+    drawn = {seed: faults(parse_scenario(scenario_yaml(seed))) for seed in range(300)}
+    assert set().union(*drawn.values()) == set(FAULTS)
+    assert any(not f for f in drawn.values())  # some seeds draw none
+    for seed, found in drawn.items():
+        d = scenario_dict(seed)
+        lines = d["traffic"]
+        assert ("wipe" in found) == ("wipe_at" in d) and ("crash" in found) == ("crash_at" in d)
+        assert ("unreported" in found) == any(line.get("usage") == "missing" for line in lines)  # type: ignore[attr-defined]
+        assert ("long lag" in found) == (d["settlement_lag_minutes"] > 20 or bool(d.get("lag_changes")))  # type: ignore[operator]
+    seed = next(s for s, f in drawn.items() if {"unreported", "long lag"} <= set(f))
+    known = faults(parse_scenario(scenario_yaml(seed, ["usage", "lag"])))
+    assert "unreported" not in known and "long lag" not in known
+    case = run_seed(seed, TEST_REDIS_URL)
+    assert case.faults == drawn[seed]
 
 
 def test_a_seed_that_cannot_run_is_a_failure_with_its_reason() -> None:

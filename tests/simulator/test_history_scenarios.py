@@ -31,11 +31,14 @@ def test_a_busy_first_start_serves_from_its_first_sync() -> None:
 
 
 def test_a_wiped_store_serves_again_within_the_report_window() -> None:
-    """redis-wiped-midday: the simulated proxy is one process, and its checkpoint holds all it
-    admitted, so the lost state is held only for the report window (three 5-s polls and 2 s:
+    """redis-wiped-midday on an account declared idle before the first start
+    (VQG_UNSEEN_DAY_TOKENS=0): the simulated proxy is one process, and its checkpoint holds all
+    it admitted, so the lost state is held only for the report window (three 5-s polls and 2 s:
     any process polling reports by then; stop 42, it was held for Δ_assumed before): served
-    again within that and the sync poll after the wipe."""
-    s = load_scenario("redis-wiped-midday")
+    again within that and the sync poll after the wipe. (With the default bound the first
+    start's 200,000 stay unproven on this 300,000 pool, and the lost generation keeps them off
+    too: fuzz seed 1602 billed 45,357 when it forgot them, stop 46.)"""
+    s = load_scenario("redis-wiped-midday").model_copy(update={"unseen_day_tokens": 0})
     assert s.wipe_ms is not None
     served = first_served_after(s, s.wipe_ms)
     assert served - s.wipe_ms <= 17_000 + 2 * POLL_MS + 1_000

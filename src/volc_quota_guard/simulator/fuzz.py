@@ -32,6 +32,7 @@ from functools import partial
 
 import yaml
 
+from ..admission import ARK_MAX_COMPLETION_TOKENS
 from ..clock import BEIJING
 from ..config import RESERVATION_TTL_S, SLOWEST_DECODE_TPS, reservation_keep_s
 from .engine import simulate
@@ -169,7 +170,9 @@ def _quiet_first_start_under_a_day_lag(seed: int, scenario: dict[str, object], s
     """A first start right after usage the guard never saw, under a constant lag of 8-24 hours,
     then 8-12 hours with no traffic of ours and traffic that would spend the pool 1-2 times over,
     from a generator of its own (stop 44): the quiet outlives the young ceiling while what ran
-    unseen is still unsettled (fuzz seed 1119 anchored on such a balance and billed 27,921)."""
+    unseen is still unsettled (fuzz seed 1119 anchored on such a balance and billed 27,921).
+    Half of those on day 1 spend 60-95% of it instead, lose the store, and traffic would spend
+    the rest again (stop 46)."""
     rng = _in_fifteen_percent(f"quiet-first-start-{seed}")
     # Usage before the start stays on the start's Beijing day (as `_history` draws it)
     if rng is None or "lag_changes" in scenario or start.hour == 0:
@@ -193,12 +196,27 @@ def _quiet_first_start_under_a_day_lag(seed: int, scenario: dict[str, object], s
     # The quiet must be quiet: the lines of the first hours go.
     traffic[:] = [line for line in traffic if line.get("day") == 2 and day == 1]
     requests, concurrency = rng.randint(60, 200), rng.choice([1, 2, 4])
-    size = max(500, int(free * rng.uniform(1.0, 2.0) / requests))
+    # Half of them on day 1 spend most of the pool, then lose the store, then traffic would
+    # spend the rest: the young ceiling ended by age with what ran unseen still unsettled, and
+    # the new generation's bound must carry it (fuzz seed 1602 billed 45,357 before stop 46).
+    lost = random.Random(f"quiet-first-start-wipe-{seed}")  # its own draws: the rest stay as they were
+    wipe = day == 1 and begin + span + 40 < 24 * 60 and lost.random() < 0.5
+    size = max(500, int(free * (lost.uniform(0.6, 0.95) if wipe else rng.uniform(1.0, 2.0)) / requests))
     traffic.append({"from": _hhmm(begin), "to": _hhmm(begin + span), "day": day,
                     "every_seconds": round(span * 60 * concurrency / requests, 1),
                     "concurrency": concurrency, "prompt": size * 4 // 5, "completion": size // 5,
                     "max_tokens": size // 5 + 100, "duration_seconds": rng.choice([5, 20]), **counts})
     scenario["days"] = max(day, int(str(scenario["days"])))
+    if wipe:
+        at = lost.randint(begin + span + 1, 24 * 60 - 30)
+        scenario["wipe_at"] = _hhmm(at)
+        scenario.pop("crash_at", None)
+        after = lost.randint(10, min(60, 24 * 60 - 1 - at))
+        size = max(500, int(free * lost.uniform(0.5, 1.0) / requests))
+        traffic.append({"from": _hhmm(at + 1), "to": _hhmm(at + after), "day": 1,
+                        "every_seconds": round(after * 60 * concurrency / requests, 1),
+                        "concurrency": concurrency, "prompt": size * 4 // 5, "completion": size // 5,
+                        "max_tokens": size // 5 + 100, "duration_seconds": lost.choice([5, 20]), **counts})
 
 
 def _burst_before_wipe(seed: int, scenario: dict[str, object]) -> None:
@@ -414,7 +432,10 @@ def _calls_past_expiry(seed: int, scenario: dict[str, object]) -> None:
         amount = max(int(str(packages[-1]["amount"])), min(int(rest * rng.uniform(1.5, 4.0)), cap))
         completion = max(1_000, int(min(rest + amount, cap) * rng.uniform(0.5, 1.0) / concurrency))
         longest = int(reservation_keep_s(RESERVATION_TTL_S) / 60)
-        most = min(int(longest + completion / SLOWEST_DECODE_TPS / 60), 24 * 60)
+        # The premise is of the output Ark may make: an output cap above Ark's range is lowered
+        # to it (a 14-hour run of 65,536 tokens was outside it and billed 7,623: fuzz seed 1651).
+        made = min(completion, ARK_MAX_COMPLETION_TOKENS)
+        most = min(int(longest + made / SLOWEST_DECODE_TPS / 60), 24 * 60)
         # ... admitted more than a snapshot's life (90 min) and a sync interval before the
         # lookahead reaches the expiry, or as near that as their output allows.
         beyond = longest + 90 + 60
@@ -632,6 +653,31 @@ def scenario_yaml(seed: int, know: Iterable[str] = ()) -> str:
                           default_flow_style=None, width=200)
 
 
+# What a scenario draws beyond steady traffic on an account the guard has always watched, each a
+# fact the guard cannot know before the API (or midnight) shows it and bounds fail-closed meanwhile.
+FAULTS = {
+    "prior": "usage ran unseen before the first start (`prior_usage`)",
+    "unreported": "a line never reports its usage",
+    "given up": "the proxy gives calls up while Ark runs them on",
+    "wipe": "the guard's store is wiped mid-run",
+    "crash": "the proxy process crashes mid-call",
+    "long lag": "the API lags past VQG_LAG_FLOOR_MINUTES (20), or its lag changes mid-run",
+}
+
+
+def faults(scenario: Scenario) -> tuple[str, ...]:
+    """The FAULTS keys a scenario draws."""
+    drawn = {
+        "prior": scenario.prior_usage is not None and scenario.prior_usage.tokens > 0,
+        "unreported": any(line.usage == "missing" for line in scenario.traffic),
+        "given up": any(line.gives_up_after_seconds is not None for line in scenario.traffic),
+        "wipe": scenario.wipe_at is not None,
+        "crash": scenario.crash_at is not None,
+        "long lag": scenario.settlement_lag_minutes > 20 or bool(scenario.lag_changes),
+    }
+    return tuple(k for k, v in drawn.items() if v)
+
+
 @dataclass(frozen=True)
 class FuzzCase:
     seed: int
@@ -646,6 +692,7 @@ class FuzzCase:
     refused_beyond_buffer: int = 0  # of refused_while_free: what fit beyond SMALL_BUFFER too
     error: str | None = None
     counting: str = "cheap"  # the pool's counting method: its lines' (cheap, exact, ark-api)
+    faults: tuple[str, ...] = ()  # the FAULTS it draws
 
     @property
     def failed(self) -> bool:
@@ -662,7 +709,7 @@ def run_seed(seed: int, store_url: str | None = None, know: Iterable[str] = ()) 
     return FuzzCase(seed, r.billed_tokens, r.burned_tokens, r.served_tokens,
                     r.refused_while_free_tokens, r.served_requests + r.blocked_requests,
                     r.stranded_tokens, r.refused_at_start_tokens, r.stranded_at_start_tokens,
-                    r.refused_beyond_buffer_tokens, counting=_method(s))
+                    r.refused_beyond_buffer_tokens, counting=_method(s), faults=faults(s))
 
 
 def _method(s: Scenario) -> str:
