@@ -130,6 +130,10 @@ class LimitState:
     # history is no longer young. None: no such bound (no A, a lost history, or the premise
     # proven false: the packages lost more than A plus all we recorded, usage outside the proxy).
     least_free_total: int | None = None
+    # What the last snapshot kept off the wall as possibly unseen (the balance above the free
+    # total): the young bound, and after a young history ends by age what it never proved
+    # settled. Status shows it; a lost generation's bound carries it.
+    unseen_kept: int = 0
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -169,6 +173,7 @@ class LimitState:
             settled_floor=optional_int(raw.get("settled_floor")),
             floor_overrun=bool(raw.get("floor_overrun", False)),
             least_free_total=optional_int(raw.get("least_free_total")),
+            unseen_kept=int(raw.get("unseen_kept") or 0),
         )
 
 
@@ -465,7 +470,7 @@ def compute_limit(
     ladder = expiry_ladder(packages, valid_until + running_ms)
     step, counted_from = day_step(now_ms, packages, usage, *previous, lag_ms=lag,
                                   floor_before=state.settled_floor, floor=floor)
-    state = replace(state, settled_floor=floor)
+    state = replace(state, settled_floor=floor, unseen_kept=unseen)
     snapshot = Snapshot(balance=balance, settled_usage=settled_usage, expiring=expiring + unseen,
                         small_buffer=small_buffer, daily_cap=daily_cap,
                         valid_until_ms=valid_until, evict_below=evict_below,

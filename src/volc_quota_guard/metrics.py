@@ -94,7 +94,7 @@ _GAUGES: tuple[tuple[str, str, str, float], ...] = (
      "usage_at_sync", 1),
     ("vqg_b0_estimate_tokens", "Free balance at the start of today, as estimated", "b0_estimate", 1),
     ("vqg_expiring_tokens", "Free tokens kept off the balance wall: they expire before the next sync, "
-     "or may have been used unseen before a young history began",
+     "or may have been used unseen before the pool's history began",
      "expiring", 1),
     ("vqg_small_buffer_tokens", "Tokens kept back below the free balance (VQG_SMALL_BUFFER)",
      "small_buffer", 1),
@@ -185,7 +185,7 @@ def pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
                                    lambda r: (r.get("held_until_ms") or 0) / 1000),
         "vqg_state_lost": ("1 when the pool's current state was recreated after its data was lost",
                            lambda r: int(bool(r.get("state_lost")))),
-        "vqg_unseen_balance_tokens": ("What may have run unseen before a young history began, kept "
+        "vqg_unseen_balance_tokens": ("What may have run unseen before the pool's history began, kept "
                                       "off the balance wall until the API shows it settled",
                                       lambda r: r.get("unseen_balance", 0)),
         "vqg_unseen_today_tokens": ("Today's usage the guard assumes it did not see (taken off the "

@@ -32,7 +32,9 @@ def pool_status(gate: Gate, pool: str, cfg: Settings) -> dict[str, Any]:
         return {"pool": pool, "now_ms": now, "has_snapshot": False}
     limit = LimitState.from_json(records.limit_state(pool))
     recent = [(at, lag) for at, lag in limit.lags if now - at <= LAG_WINDOW_MS]
-    young = limit.unseen_off if limit.unseen_ref is not None and limit.generation == f("hist_at") else 0
+    ours = limit.generation == f("hist_at")
+    young = limit.unseen_off if limit.unseen_ref is not None and ours else 0
+    unseen = max(young, limit.unseen_kept if ours else 0)
     meta = records.sync_meta(pool.split("/", 1)[0])
     settled = min(f("settled"), f("ucum"))
     evicted_until = f("evicted_until")
@@ -87,8 +89,9 @@ def pool_status(gate: Gate, pool: str, cfg: Settings) -> dict[str, Any]:
         "state_lost": bool(f("hist_lost")),
         # Today's usage the guard assumes it did not see (a first start, lost state): off the cap.
         "unseen_today": f("day_margin") if f("day_lost") and f("day_lost") == f("day") else 0,
-        # A young history's unseen bound, kept off the balance wall until the API shows that much
-        # settled or YOUNG_MS after the history began, whichever comes first (docs/limit.md).
-        "unseen_balance": young,
+        # What may have run unseen before the history began, kept off the balance wall: while the
+        # history is young (YOUNG_MS at most), and after it until the API shows it settled
+        # (docs/limit.md, "History start").
+        "unseen_balance": unseen,
         "young_until_ms": f("hist_at") + YOUNG_MS if young else None,
     }

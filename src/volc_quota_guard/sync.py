@@ -540,7 +540,7 @@ class SyncService:
             self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
         if h is not None:
             young = result.state.unseen_bound if result.state.unseen_ref is not None else 0
-            self._remember(pool, gen, h, result.state.lags, max(young, result.unseen),
+            self._remember(pool, gen, h, result.state.lags, max(young, result.state.unseen_kept),
                            result.state.settled_floor)
         today_usage = status.get("day_usage")
         b0 = result.free_total - (usage.lifetime_usage - today_usage)

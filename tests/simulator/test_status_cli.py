@@ -154,3 +154,32 @@ def test_status_and_metrics_show_a_young_pool(store_url: str, keyspace: KeySpace
     text = capsys.readouterr().out
     assert (f'vqg_unseen_balance_tokens{{account="acct-a",model="deepseek-v4-flash-ga-260731",'
             f'pool="{BUSY}"}} 200000.0') in text
+
+
+def test_status_shows_an_unseen_bound_kept_after_a_young_history_ended(
+        store_url: str, keyspace: KeySpace, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A young history that ended by age without the API showing its bound settled keeps it off
+    the wall (the lowest estimate): `status` says so with no end time, `--json` has it in
+    `unseen_balance` (no `young_until_ms`), /metrics in `vqg_unseen_balance_tokens`. A state of
+    another generation does not count."""
+    gate, now = _cli_gate(store_url, keyspace, monkeypatch)
+    gate.install_snapshot(BUSY, Snapshot(
+        balance=300_000, settled_usage=0, expiring=150_000, small_buffer=10_000, daily_cap=2_000_000,
+        valid_until_ms=now + 85 * MIN, unseen_day_tokens=200_000))
+    hist = gate.status(BUSY).get("hist_at")
+    gate.records.write_limit_state(BUSY, LimitState(generation=hist, unseen_bound=200_000,
+                                                    unseen_kept=150_000).to_json())
+    assert main(["status", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["pools"][0]
+    assert row["unseen_balance"] == 150_000 and row["young_until_ms"] is None
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "unseen not proven settled: 150,000 off" in out, out
+    assert "YOUNG" not in out
+    assert main(["metrics"]) == 0
+    assert (f'vqg_unseen_balance_tokens{{account="acct-a",model="deepseek-v4-flash-ga-260731",'
+            f'pool="{BUSY}"}} 150000.0') in capsys.readouterr().out
+    gate.records.write_limit_state(BUSY, LimitState(generation=hist + 1, unseen_kept=150_000).to_json())
+    assert main(["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pools"][0]["unseen_balance"] == 0

@@ -404,10 +404,11 @@ def test_a_young_history_too_small_to_prove_itself_ends_after_hours():
     over = young(two, view, state=still.state, now=T + 480 * MIN)
     assert over.state.unseen_ref is None and any("480 min old" in n for n in over.notes)
     assert over.unseen == 150_000  # quiet for 8 hours, but no anchor yet
+    assert over.state.unseen_kept == 150_000  # status and a lost generation's bound read it
     day = young(two, view, state=over.state, now=T + 1499 * MIN)
     assert day.unseen == 150_000
     back = young(two, view, state=day.state, now=T + 1500 * MIN)
-    assert back.unseen == 0 and back.free_total == 650_000
+    assert back.unseen == 0 and back.free_total == 650_000 and back.state.unseen_kept == 0
 
 
 def test_what_a_young_history_saw_does_not_outlive_it():

@@ -66,10 +66,13 @@ def _print(console: Console, rows: list[dict[str, Any]], prefix: str) -> None:
         if r["held"]:
             state.append(f"[bold yellow]🕒 HELD[/] ({r['hold_cause']}) until "
                          f"{_when(r['held_until_ms'], now)}")
-        elif r["unseen_balance"]:
+        elif r["unseen_balance"] and r["young_until_ms"]:
             state.append(f"[yellow]🕒 YOUNG[/] ({'state lost' if r['state_lost'] else 'cold start'}): "
                          f"{r['unseen_balance']:,} off the balance until {_when(r['young_until_ms'], now)} "
                          "at the latest")
+        elif r["unseen_balance"]:
+            state.append(f"[yellow]unseen not proven settled[/]: {r['unseen_balance']:,} off the balance "
+                         "until the API shows it")
         elif r["state_lost"] and r["unseen_today"]:
             state.append("[yellow]⛔ state lost today[/]")
         if r["billing_since_ms"]:
