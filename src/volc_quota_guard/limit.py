@@ -144,6 +144,12 @@ class LimitState:
         there was (a first start on an empty pool keeps nothing off the packages that arrive)."""
         return self.unseen_bound if self.unseen_room is None else min(self.unseen_bound, self.unseen_room)
 
+    @property
+    def unseen_held(self) -> int:
+        """What a new generation must assume ran unseen and unsettled before this one began, if
+        this state went now: the young bound, else what the last snapshot kept off as such."""
+        return max(self.unseen_bound if self.unseen_ref is not None else 0, self.unseen_kept)
+
     @classmethod
     def from_json(cls, raw: Mapping[str, Any] | None) -> LimitState:
         if not raw:

@@ -297,10 +297,14 @@ class SyncService:
                              "(another process recreated them)", h,
                              f"; the next sync keeps {bound:,} tokens off the balance wall until the "
                              "API shows that much settled")
+        # What the generation keeps off as unseen is in its shared state, whichever process
+        # synced last: a process that only polls must carry it too (it may outlive the syncer).
+        shared = LimitState.from_json(self.records.limit_state(pool))
+        held = shared.unseen_held if shared.generation == gen else None
         if seen is not None and seen.generation == gen:
-            self._remember(pool, gen, h, seen.lags, seen.unseen, seen.floor)
+            self._remember(pool, gen, h, seen.lags, seen.unseen if held is None else held, seen.floor)
         else:
-            self._remember(pool, gen, h, (), 0, None)
+            self._remember(pool, gen, h, (), held or 0, None)
 
     def heartbeat(self, account: str, began: int) -> None:
         """Record that this process polled the account's pools from `began` on (after any loss
@@ -539,8 +543,7 @@ class SyncService:
         if not exists and h is not None:
             self._history_began(pool, gen, seen if lost else None, meta or {}, result, h)
         if h is not None:
-            young = result.state.unseen_bound if result.state.unseen_ref is not None else 0
-            self._remember(pool, gen, h, result.state.lags, max(young, result.state.unseen_kept),
+            self._remember(pool, gen, h, result.state.lags, result.state.unseen_held,
                            result.state.settled_floor)
         today_usage = status.get("day_usage")
         b0 = result.free_total - (usage.lifetime_usage - today_usage)

@@ -223,6 +223,36 @@ def test_a_lost_generation_waits_a_few_polls_and_not_for_a_process_that_stopped(
     assert st.get("hold_until") == 0 and st.decision.balance_wall > 0
 
 
+def test_a_wipe_after_a_young_history_ended_by_age_keeps_its_bound_in_a_process_that_only_polled(
+        make_world):
+    """Fuzz seed 1602's family with two processes (billed 45,357 with one): 100,000 tokens ran
+    just before an 08:00 first start, the API 20 hours behind. P syncs; the young history ends by
+    age at 16:00 unproven, so the bound stays off (`unseen_kept`); P spends most of the pool and
+    stops. Q, which never synced, reads the bound from the shared state at its polls: after the
+    wipe it keeps it off the new generation too, and an hour of traffic through Q bills nothing
+    (90,000 when Q's checkpoint held only the usage it saw)."""
+    w = make_world("2026-08-20 08:00", lag_minutes=1_200, small_buffer=10_000, **HELD)
+    w.fake.add_package(POOL, 1_000_000, acquired_ms=beijing_ms("2026-08-19 09:00"))
+    w.fake.consume(POOL, 100_000)
+    p = w.service()
+    w.idle("2026-08-20 16:05", p, step_ms=5 * MIN)
+    st = LimitState.from_json(w.gate.records.limit_state(POOL))
+    assert st.unseen_ref is None and st.unseen_kept == 200_000 and st.unseen_held == 200_000
+    w.run("2026-08-20 17:00", every_ms=10_000, tokens=10_000, svc=p, budget=650_000)
+    q = w.service()
+    _tick(q)
+    assert q.checkpoints[POOL].unseen == 200_000
+    assert q.checkpoints[POOL].unsettled >= 650_000 + 200_000
+    p.stop()
+    w.services.remove(p)
+    _tick(q)  # reads P's stop: nothing of P to wait for after the wipe
+    _wipe(w)
+    w.clock.advance(1_000)
+    served = _after_the_wipe(w, q)
+    assert w.totals().billed == 0, w.totals()
+    assert 0 < served <= 150_000  # what is provably free: 1,000,000 less 650,000 and the bound
+
+
 @contextlib.contextmanager
 def own_sightings(svc):
     """Run as `svc`'s own OS process would: with its own gate answers (`_SIGHTINGS` is per
