@@ -130,19 +130,26 @@ def test_status_and_metrics_show_a_held_pool(store_url: str, keyspace: KeySpace,
     assert "vqg_unseen_today_tokens{" in text and "vqg_state_lost{" in text
 
 
+def _unseen_pool(store_url: str, keyspace: KeySpace, monkeypatch: pytest.MonkeyPatch, off: int,
+                 **state: int) -> tuple[Gate, int]:
+    """A 300,000 pool whose snapshot keeps `off` off the wall as unseen, and its limit state."""
+    gate, now = _cli_gate(store_url, keyspace, monkeypatch)
+    gate.install_snapshot(BUSY, Snapshot(
+        balance=300_000, settled_usage=0, expiring=off, small_buffer=10_000, daily_cap=2_000_000,
+        valid_until_ms=now + 85 * MIN, unseen_day_tokens=200_000))
+    hist = gate.status(BUSY).get("hist_at")
+    gate.records.write_limit_state(BUSY, LimitState(generation=hist, **state).to_json())
+    return gate, hist
+
+
 def test_status_and_metrics_show_a_young_pool(store_url: str, keyspace: KeySpace,
                                               monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """A first start under the unseen bound is not held: `status` shows `🕒 YOUNG (cold start):
     200,000 kept off the balance` with when that ends at the latest, `--json` the same fields,
     and /metrics `vqg_unseen_balance_tokens`; the wall is the balance less the bound."""
-    gate, now = _cli_gate(store_url, keyspace, monkeypatch)
-    gate.install_snapshot(BUSY, Snapshot(
-        balance=300_000, settled_usage=0, expiring=200_000, small_buffer=10_000, daily_cap=2_000_000,
-        valid_until_ms=now + 85 * MIN, unseen_day_tokens=200_000))
-    hist = gate.status(BUSY).get("hist_at")
-    gate.records.write_limit_state(BUSY, LimitState(generation=hist, unseen_ref=300_000,
-                                                    unseen_bound=200_000).to_json())
+    gate, hist = _unseen_pool(store_url, keyspace, monkeypatch, 200_000,
+                              unseen_ref=300_000, unseen_bound=200_000)
     assert main(["status", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["pools"][0]
     assert not row["held"] and row["unseen_balance"] == 200_000
@@ -163,13 +170,8 @@ def test_status_shows_an_unseen_bound_kept_after_a_young_history_ended(
     the wall (the lowest estimate): `status` says so with no end time, `--json` has it in
     `unseen_balance` (no `young_until_ms`), /metrics in `vqg_unseen_balance_tokens`. A state of
     another generation does not count."""
-    gate, now = _cli_gate(store_url, keyspace, monkeypatch)
-    gate.install_snapshot(BUSY, Snapshot(
-        balance=300_000, settled_usage=0, expiring=150_000, small_buffer=10_000, daily_cap=2_000_000,
-        valid_until_ms=now + 85 * MIN, unseen_day_tokens=200_000))
-    hist = gate.status(BUSY).get("hist_at")
-    gate.records.write_limit_state(BUSY, LimitState(generation=hist, unseen_bound=200_000,
-                                                    unseen_kept=150_000).to_json())
+    gate, hist = _unseen_pool(store_url, keyspace, monkeypatch, 150_000,
+                              unseen_bound=200_000, unseen_kept=150_000)
     assert main(["status", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["pools"][0]
     assert row["unseen_balance"] == 150_000 and row["young_until_ms"] is None
